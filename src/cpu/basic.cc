@@ -1,0 +1,69 @@
+// CpuOps: memory, embedding, RMSNorm, residual add, linear layers and logits.
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "core/bf16.h"
+#include "cpu/cpu_ops.h"
+#include "cpu/gemm.h"
+
+namespace nibble {
+
+Tensor CpuOps::empty(DType dtype, Shape shape) { return Tensor::zeros(dtype, std::move(shape)); }
+
+Tensor CpuOps::upload(const Tensor& host) {
+  check(host.device() == Device::kCpu, "upload: ", host.describe(), " is not a host tensor");
+  return host;
+}
+
+Tensor CpuOps::download(const Tensor& device_tensor) { return device_tensor; }
+
+void CpuOps::embedding(const Tensor& ids, const Tensor& table, Tensor& out) {
+  const int64_t tokens = ids.dim(0), vocab = table.dim(0), hidden = table.dim(1);
+  expect(table, DType::kBF16, {-1, -1}, "embedding table");
+  expect(out, DType::kF32, {tokens, hidden}, "embedding output");
+  for (int64_t t = 0; t < tokens; ++t) {
+    const int32_t id = ids.data<int32_t>()[t];
+    check(id >= 0 && id < vocab, "token id ", id, " is outside the vocabulary (", vocab, ")");
+    const Bf16* row = table.data<Bf16>() + id * hidden;
+    for (int64_t h = 0; h < hidden; ++h) out.data<float>()[t * hidden + h] = bf16_to_float(row[h]);
+  }
+}
+
+void CpuOps::rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) {
+  const int64_t tokens = x.dim(0), hidden = x.dim(1);
+  expect(weight, DType::kBF16, {hidden}, "rms_norm weight");
+  for (int64_t t = 0; t < tokens; ++t) {
+    const float* xt = x.data<float>() + t * hidden;
+    float sum = 0.0f;
+    for (int64_t h = 0; h < hidden; ++h) sum += xt[h] * xt[h];
+    const float inv = 1.0f / std::sqrt(sum / static_cast<float>(hidden) + eps);
+    for (int64_t h = 0; h < hidden; ++h)
+      out.data<float>()[t * hidden + h] = xt[h] * inv * bf16_to_float(weight.data<Bf16>()[h]);
+  }
+}
+
+void CpuOps::add(Tensor& x, const Tensor& y) {
+  check(x.numel() == y.numel(), "add: ", x.describe(), " vs ", y.describe());
+  for (int64_t i = 0; i < x.numel(); ++i) x.data<float>()[i] += y.data<float>()[i];
+}
+
+void CpuOps::linear(const Tensor& x, const Linear& w, Tensor& out) {
+  expect(x, DType::kF32, {-1, w.in_features}, "linear input");
+  expect(out, DType::kF32, {x.dim(0), w.out_features}, "linear output");
+  gemm(x.data<float>(), x.dim(0), view_of(w), out.data<float>());
+}
+
+void CpuOps::logits(const Tensor& x, const Tensor& rows, const Linear& w, Tensor& out) {
+  const int64_t hidden = x.dim(1), count = rows.dim(0);
+  std::vector<float> gathered(count * hidden);
+  for (int64_t r = 0; r < count; ++r) {
+    const int32_t row = rows.data<int32_t>()[r];
+    check(row >= 0 && row < x.dim(0), "logits: row ", row, " outside the batch");
+    std::memcpy(&gathered[r * hidden], x.data<float>() + row * hidden, hidden * sizeof(float));
+  }
+  expect(out, DType::kF32, {count, w.out_features}, "logits output");
+  gemm(gathered.data(), count, view_of(w), out.data<float>());
+}
+
+}  // namespace nibble

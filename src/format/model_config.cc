@@ -1,0 +1,255 @@
+// config.json -> ModelConfig for the architectures nibble runs (Mixtral so far). Fields nibble
+// reads are type- and range-checked; fields that would change the numerics in a way nibble does not
+// implement (sliding windows, RoPE scaling, other activations) are refused; the rest are ignored.
+#include "format/model_config.h"
+
+#include <cmath>
+#include <fstream>
+#include <sstream>
+
+#include "core/error.h"
+#include "format/quote.h"
+
+namespace nibble {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+constexpr const char* kSupportedModelTypes = "mixtral";
+
+std::string brief(const json& value) {
+  constexpr std::size_t kMaxChars = 60;
+  std::string text = value.dump(-1, ' ', false, json::error_handler_t::replace);
+  if (text.size() > kMaxChars) text = text.substr(0, kMaxChars) + "...";
+  return printable(text);
+}
+
+// Reads the fields of one JSON object; every error names the source file and the field's path.
+class Fields {
+ public:
+  Fields(const json& object, std::string source, std::string prefix = "")
+      : object_(object), source_(std::move(source)), prefix_(std::move(prefix)) {}
+
+  // The value of `key`, or nullptr when it is absent or null (config.json writes null for "unset").
+  const json* find(const char* key) const {
+    const auto it = object_.find(key);
+    return it == object_.end() || it->is_null() ? nullptr : &*it;
+  }
+
+  [[noreturn]] void fail_field(const char* key, const std::string& problem) const {
+    fail(source_, ": \"", prefix_, key, "\" ", problem);
+  }
+
+  int64_t positive_int(const char* key) const {
+    const json* value = find(key);
+    if (value == nullptr)
+      fail_field(key, object_.contains(key) ? "must not be null" : "is missing");
+    return positive_int(key, *value);
+  }
+
+  int64_t positive_int(const char* key, const json& value) const {
+    const bool fits = value.is_number_integer() &&
+                      (!value.is_number_unsigned() || value.get<uint64_t>() <= INT64_MAX);
+    if (!fits || value.get<int64_t>() <= 0)
+      fail_field(key, cat("must be a positive integer, got ", brief(value)));
+    return value.get<int64_t>();
+  }
+
+  int64_t positive_int_or(const char* key, int64_t fallback) const {
+    return find(key) ? positive_int(key) : fallback;
+  }
+
+  double positive_number_or(const char* key, double fallback) const {
+    const json* value = find(key);
+    if (value == nullptr) return fallback;
+    if (!value->is_number() || !std::isfinite(value->get<double>()) || value->get<double>() <= 0)
+      fail_field(key, cat("must be a positive number, got ", brief(*value)));
+    return value->get<double>();
+  }
+
+  std::optional<std::string> string(const char* key) const {
+    const json* value = find(key);
+    if (value == nullptr) return std::nullopt;
+    if (!value->is_string()) fail_field(key, cat("must be a string, got ", brief(*value)));
+    return value->get<std::string>();
+  }
+
+  bool boolean_or(const char* key, bool fallback) const {
+    const json* value = find(key);
+    if (value == nullptr) return fallback;
+    if (!value->is_boolean()) fail_field(key, cat("must be true or false, got ", brief(*value)));
+    return value->get<bool>();
+  }
+
+  int64_t token_id(const char* key, const json& value, int64_t vocab_size) const {
+    // Parsed JSON holds non-negative integers as unsigned, but a json built in code may not.
+    const bool ok = value.is_number_unsigned()
+                        ? value.get<uint64_t>() < static_cast<uint64_t>(vocab_size)
+                        : value.is_number_integer() && value.get<int64_t>() >= 0 &&
+                              value.get<int64_t>() < vocab_size;
+    if (!ok)
+      fail_field(key, cat("must be a token id in [0, ", vocab_size, "), got ", brief(value)));
+    return value.get<int64_t>();
+  }
+
+  const std::string& source() const { return source_; }
+
+ private:
+  const json& object_;
+  std::string source_;
+  std::string prefix_;
+};
+
+DType parse_dtype(const Fields& fields) {
+  const auto torch_dtype = fields.string("torch_dtype");
+  const auto dtype = fields.string("dtype");  // transformers v5 renamed torch_dtype to dtype
+  if (torch_dtype && dtype && *torch_dtype != *dtype)
+    fail(fields.source(), ": \"torch_dtype\" ", quote_text(*torch_dtype), " and \"dtype\" ",
+         quote_text(*dtype), " disagree");
+  const std::string name = dtype ? *dtype : torch_dtype.value_or("bfloat16");
+  if (name == "bfloat16") return DType::kBF16;
+  if (name == "float16") return DType::kF16;
+  if (name == "float32") return DType::kF32;
+  fields.fail_field(
+      dtype ? "dtype" : "torch_dtype",
+      cat(quote_text(name), " is not supported (supported: bfloat16, float16, float32)"));
+}
+
+// rope_parameters (transformers v5) or rope_scaling (v4): only plain RoPE is implemented, and
+// either may carry rope_theta. Returns the theta it carries, if any.
+std::optional<double> parse_rope_block(const Fields& fields, const char* key) {
+  const json* block = fields.find(key);
+  if (block == nullptr) return std::nullopt;
+  if (!block->is_object()) fields.fail_field(key, cat("must be an object, got ", brief(*block)));
+  const Fields inner(*block, fields.source(), cat(key, "."));
+  const char* type_key = block->contains("rope_type") ? "rope_type" : "type";
+  const std::string type = inner.string(type_key).value_or("default");
+  if (type != "default")
+    inner.fail_field(type_key, cat(quote_text(type), " is not supported (only default RoPE)"));
+  for (const auto& [name, value] : block->items())
+    if (name != "rope_type" && name != "type" && name != "rope_theta")
+      inner.fail_field(name.c_str(), "is not supported");
+  if (!inner.find("rope_theta")) return std::nullopt;
+  return inner.positive_number_or("rope_theta", 0.0);
+}
+
+double parse_rope_theta(const Fields& fields) {
+  const auto top = fields.find("rope_theta")
+                       ? std::optional(fields.positive_number_or("rope_theta", 0))
+                       : std::nullopt;
+  const auto from_parameters = parse_rope_block(fields, "rope_parameters");
+  const auto from_scaling = parse_rope_block(fields, "rope_scaling");
+  const auto nested = from_parameters ? from_parameters : from_scaling;
+  if (top && nested && *top != *nested)
+    fail(fields.source(), ": \"rope_theta\" (", *top, ") and \"rope_parameters.rope_theta\" (",
+         *nested, ") disagree");
+  return top ? *top : nested.value_or(1e6);  // 1e6 is transformers' MixtralConfig default
+}
+
+void parse_token_ids(const Fields& fields, ModelConfig& config) {
+  if (const json* bos = fields.find("bos_token_id"))
+    config.bos_token_id = fields.token_id("bos_token_id", *bos, config.vocab_size);
+  if (const json* eos = fields.find("eos_token_id")) {
+    if (eos->is_array()) {
+      for (const auto& id : *eos)
+        config.eos_token_ids.push_back(fields.token_id("eos_token_id", id, config.vocab_size));
+    } else {
+      config.eos_token_ids.push_back(fields.token_id("eos_token_id", *eos, config.vocab_size));
+    }
+  }
+}
+
+void check_unsupported(const Fields& fields, const ModelConfig& config) {
+  const std::string act = fields.string("hidden_act").value_or("silu");
+  if (act != "silu")
+    fields.fail_field("hidden_act", cat(quote_text(act), " is not supported (supported: silu)"));
+  // A window at least as long as the context never takes effect, so it is harmless.
+  if (fields.find("sliding_window") &&
+      fields.positive_int("sliding_window") < config.max_position_embeddings)
+    fields.fail_field("sliding_window",
+                      "is not supported (sliding-window attention); it must be null");
+}
+
+ModelConfig parse_mixtral(const Fields& fields) {
+  ModelConfig config;
+  config.architecture = Architecture::kMixtral;
+  config.model_type = "mixtral";
+  config.vocab_size = fields.positive_int("vocab_size");
+  config.hidden_size = fields.positive_int("hidden_size");
+  config.intermediate_size = fields.positive_int("intermediate_size");
+  config.num_hidden_layers = fields.positive_int("num_hidden_layers");
+  config.num_attention_heads = fields.positive_int("num_attention_heads");
+  config.num_key_value_heads =
+      fields.positive_int_or("num_key_value_heads", config.num_attention_heads);
+  config.num_local_experts = fields.positive_int("num_local_experts");
+  config.num_experts_per_tok = fields.positive_int("num_experts_per_tok");
+  config.max_position_embeddings = fields.positive_int("max_position_embeddings");
+
+  const std::string& source = fields.source();
+  check(config.num_attention_heads % config.num_key_value_heads == 0, source,
+        ": \"num_attention_heads\" (", config.num_attention_heads,
+        ") must be a multiple of \"num_key_value_heads\" (", config.num_key_value_heads, ")");
+  check(config.num_experts_per_tok <= config.num_local_experts, source,
+        ": \"num_experts_per_tok\" (", config.num_experts_per_tok,
+        ") exceeds \"num_local_experts\" (", config.num_local_experts, ")");
+  if (fields.find("head_dim")) {
+    config.head_dim = fields.positive_int("head_dim");
+  } else {
+    check(config.hidden_size % config.num_attention_heads == 0, source, ": \"hidden_size\" (",
+          config.hidden_size, ") is not a multiple of \"num_attention_heads\" (",
+          config.num_attention_heads, ") and \"head_dim\" is not given");
+    config.head_dim = config.hidden_size / config.num_attention_heads;
+  }
+
+  config.rms_norm_eps = fields.positive_number_or("rms_norm_eps", 1e-5);
+  config.rope_theta = parse_rope_theta(fields);
+  config.tie_word_embeddings = fields.boolean_or("tie_word_embeddings", false);
+  config.dtype = parse_dtype(fields);
+  parse_token_ids(fields, config);
+  if (const json* quantization = fields.find("quantization_config")) {
+    if (!quantization->is_object())
+      fields.fail_field("quantization_config",
+                        cat("must be an object, got ", brief(*quantization)));
+    config.quantization_config = *quantization;
+  }
+  check_unsupported(fields, config);
+  return config;
+}
+
+}  // namespace
+
+ModelConfig parse_model_config(const json& config, const std::string& source) {
+  check(config.is_object(), source, ": must be a JSON object, got ", config.type_name());
+  const Fields fields(config, source);
+  try {
+    const auto model_type = fields.string("model_type");
+    check(model_type.has_value(), source,
+          ": \"model_type\" is missing (supported: ", kSupportedModelTypes, ")");
+    if (*model_type == "mixtral") return parse_mixtral(fields);
+    fail(source, ": model_type ", quote_text(*model_type),
+         " is not supported (supported: ", kSupportedModelTypes, ")");
+  } catch (const json::exception& e) {  // a type nibble did not anticipate: still one clean line
+    fail(source, ": ", printable(e.what()));
+  }
+}
+
+ModelConfig load_model_config(const fs::path& model_dir) {
+  const fs::path path = model_dir / "config.json";
+  const std::string source = path.string();
+  std::error_code error;
+  check(fs::is_regular_file(path, error), source, " not found");
+  std::ifstream in(path, std::ios::binary);
+  check(in.good(), source, ": cannot open");
+  std::ostringstream text;
+  text << in.rdbuf();
+  json config;
+  try {
+    config = json::parse(text.str());
+  } catch (const json::exception& e) {
+    fail(source, ": not valid JSON: ", printable(e.what()));
+  }
+  return parse_model_config(config, source);
+}
+
+}  // namespace nibble

@@ -1,0 +1,203 @@
+// Checkpoint -> ModelWeights for the Mixtral tensor names, with online quantization.
+#include "model/loader.h"
+
+#include <cstring>
+#include <vector>
+
+#include "core/bf16.h"
+#include "quant/fp8_quant.h"
+#include "quant/int4.h"
+
+namespace nibble {
+namespace {
+
+struct Reader {
+  const Checkpoint& checkpoint;
+  Ops& ops;
+  LoadProgress progress;
+  int64_t done = 0;
+  int64_t total = 0;
+
+  // The tensor `name`, checked to be a float tensor of `shape`, on the CPU.
+  Tensor get(const std::string& name, const Shape& shape) {
+    const Tensor t = checkpoint.get(name);
+    check(t.dtype() == DType::kBF16 || t.dtype() == DType::kF16 || t.dtype() == DType::kF32,
+          checkpoint.dir().string(), ": tensor \"", name, "\" has dtype ", dtype_name(t.dtype()),
+          ", expected BF16, F16 or F32");
+    check(t.shape() == shape, checkpoint.dir().string(), ": tensor \"", name, "\" has shape ",
+          shape_str(t.shape()), ", expected ", shape_str(shape));
+    if (progress) progress(++done, total);
+    return t;
+  }
+
+  Tensor bf16(const std::string& name, const Shape& shape) {
+    Tensor t = get(name, shape);
+    if (t.dtype() != DType::kBF16) {
+      const Tensor f = to_f32(t);
+      t = Tensor::zeros(DType::kBF16, shape);
+      for (int64_t i = 0; i < f.numel(); ++i) t.data<Bf16>()[i] = float_to_bf16(f.data<float>()[i]);
+    }
+    return ops.upload(t);
+  }
+};
+
+// Stacks 2-D CPU tensors with equal column counts along their rows.
+Tensor concat_rows(const std::vector<Tensor>& parts) {
+  int64_t rows = 0;
+  for (const Tensor& p : parts) rows += p.dim(0);
+  Shape shape = parts.at(0).shape();
+  shape[0] = rows;
+  Tensor out = Tensor::zeros(parts[0].dtype(), shape);
+  auto* dst = static_cast<std::byte*>(out.raw());
+  for (const Tensor& p : parts) {
+    check(p.dtype() == out.dtype() && p.rank() == out.rank() && p.nbytes() / std::max<int64_t>(1, p.dim(0)) ==
+                                                                   out.nbytes() / std::max<int64_t>(1, rows),
+          "concat_rows: mismatched parts");
+    std::memcpy(dst, p.raw(), p.nbytes());
+    dst += p.nbytes();
+  }
+  return out;
+}
+
+Tensor filled(int64_t n, float value) {
+  Tensor t = Tensor::zeros(DType::kF32, {n});
+  std::fill_n(t.data<float>(), n, value);
+  return t;
+}
+
+// One (rows, cols) weight in `format`: the quantized codes and their per-row scales, on the CPU.
+struct Quantized {
+  Tensor weight;
+  Tensor scale;  // F32 (rows); undefined for BF16
+};
+
+Quantized quantize(const Tensor& w, WeightFormat format) {
+  switch (format) {
+    case WeightFormat::kBf16: {
+      Tensor out = Tensor::zeros(DType::kBF16, w.shape());
+      const Tensor f = to_f32(w);
+      for (int64_t i = 0; i < f.numel(); ++i) out.data<Bf16>()[i] = float_to_bf16(f.data<float>()[i]);
+      return {.weight = out, .scale = {}};
+    }
+    case WeightFormat::kFp8: {
+      Fp8Weight q = quantize_fp8_per_tensor(w);
+      return {.weight = q.weight, .scale = filled(w.dim(0), q.scale)};
+    }
+    case WeightFormat::kInt4: {
+      Int4Weight q = quantize_int4(w);
+      return {.weight = q.packed, .scale = q.scale};
+    }
+  }
+  fail("unreachable weight format");
+}
+
+// Several weights with the same input, quantized one by one and stacked along the output rows.
+Linear fused_linear(const std::vector<Tensor>& parts, WeightFormat format, Ops& ops) {
+  std::vector<Tensor> weights, scales;
+  for (const Tensor& p : parts) {
+    Quantized q = quantize(p, format);
+    weights.push_back(q.weight);
+    if (format != WeightFormat::kBf16) scales.push_back(q.scale);
+  }
+  Linear linear{.format = format,
+                .out_features = 0,
+                .in_features = parts[0].dim(1),
+                .weight = ops.upload(concat_rows(weights)),
+                .scale = {},
+                .input_scale = 0.0f};
+  linear.out_features = linear.weight.dim(0);
+  if (format != WeightFormat::kBf16) linear.scale = ops.upload(concat_rows(scales));
+  return linear;
+}
+
+}  // namespace
+
+std::optional<Quantization> quantization_from_name(std::string_view name) {
+  if (name == "auto") return Quantization::kAuto;
+  if (name == "none") return Quantization::kNone;
+  if (name == "fp8") return Quantization::kFp8;
+  if (name == "quark_int4fp8_moe") return Quantization::kQuarkInt4Fp8Moe;
+  return std::nullopt;
+}
+
+const char* quantization_name(Quantization q) {
+  switch (q) {
+    case Quantization::kAuto: return "auto";
+    case Quantization::kNone: return "none";
+    case Quantization::kFp8: return "fp8";
+    case Quantization::kQuarkInt4Fp8Moe: return "quark_int4fp8_moe";
+  }
+  return "?";
+}
+
+Quantization resolve_quantization(Quantization requested, const ModelConfig& config) {
+  if (config.quantization_config)
+    fail("this checkpoint is pre-quantized (quantization_config in config.json); loading "
+         "pre-quantized checkpoints is not supported yet: use a bf16 checkpoint");
+  return requested == Quantization::kAuto ? Quantization::kNone : requested;
+}
+
+ModelWeights load_weights(const Checkpoint& checkpoint, const ModelConfig& c,
+                          Quantization quantization, Ops& ops, LoadProgress progress) {
+  quantization = resolve_quantization(quantization, c);
+  const WeightFormat attention_format =
+      quantization == Quantization::kNone ? WeightFormat::kBf16 : WeightFormat::kFp8;
+  const WeightFormat expert_format = quantization == Quantization::kQuarkInt4Fp8Moe ? WeightFormat::kInt4
+                                     : quantization == Quantization::kFp8             ? WeightFormat::kFp8
+                                                                                      : WeightFormat::kBf16;
+  const int64_t H = c.hidden_size, I = c.intermediate_size, E = c.num_local_experts, D = c.head_dim;
+  const int64_t V = c.vocab_size;
+  Reader r{.checkpoint = checkpoint, .ops = ops, .progress = progress, .done = 0,
+           .total = 3 + c.num_hidden_layers * (7 + 3 * E) - (c.tie_word_embeddings ? 1 : 0)};
+
+  ModelWeights w;
+  w.embed_tokens = r.bf16("model.embed_tokens.weight", {V, H});
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    const std::string p = cat("model.layers.", i, ".");
+    LayerWeights layer;
+    layer.input_layernorm = r.bf16(p + "input_layernorm.weight", {H});
+    layer.post_attention_layernorm = r.bf16(p + "post_attention_layernorm.weight", {H});
+    const std::string a = p + "self_attn.";
+    layer.attention.qkv_proj =
+        fused_linear({r.get(a + "q_proj.weight", {c.num_attention_heads * D, H}),
+                      r.get(a + "k_proj.weight", {c.num_key_value_heads * D, H}),
+                      r.get(a + "v_proj.weight", {c.num_key_value_heads * D, H})},
+                     attention_format, ops);
+    layer.attention.o_proj =
+        fused_linear({r.get(a + "o_proj.weight", {H, c.num_attention_heads * D})}, attention_format, ops);
+
+    const std::string m = p + "block_sparse_moe.";
+    layer.moe.router = r.bf16(m + "gate.weight", {E, H});
+    std::vector<Tensor> gate_up, gate_up_scale, down, down_scale;
+    for (int64_t e = 0; e < E; ++e) {
+      const std::string x = cat(m, "experts.", e, ".");
+      Quantized w1 = quantize(r.get(x + "w1.weight", {I, H}), expert_format);
+      Quantized w3 = quantize(r.get(x + "w3.weight", {I, H}), expert_format);
+      Quantized w2 = quantize(r.get(x + "w2.weight", {H, I}), expert_format);
+      gate_up.push_back(concat_rows({w1.weight, w3.weight}));
+      down.push_back(w2.weight);
+      if (expert_format != WeightFormat::kBf16) {
+        gate_up_scale.push_back(concat_rows({w1.scale, w3.scale}));
+        down_scale.push_back(w2.scale);
+      }
+    }
+    Experts& ex = layer.moe.experts;
+    ex = {.format = expert_format, .num_experts = E, .hidden_size = H, .intermediate_size = I,
+          .gate_up = ops.upload(concat_rows(gate_up).reshape({E, 2 * I, -1})),
+          .gate_up_scale = {},
+          .down = ops.upload(concat_rows(down).reshape({E, H, -1})),
+          .down_scale = {}};
+    if (expert_format != WeightFormat::kBf16) {
+      ex.gate_up_scale = ops.upload(concat_rows(gate_up_scale).reshape({E, 2 * I}));
+      ex.down_scale = ops.upload(concat_rows(down_scale).reshape({E, H}));
+    }
+    w.layers.push_back(std::move(layer));
+  }
+  w.norm = r.bf16("model.norm.weight", {H});
+  const Tensor lm_head = c.tie_word_embeddings ? ops.download(w.embed_tokens)
+                                               : r.get("lm_head.weight", {V, H});
+  w.lm_head = fused_linear({lm_head}, WeightFormat::kBf16, ops);
+  return w;
+}
+
+}  // namespace nibble

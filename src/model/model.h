@@ -1,0 +1,37 @@
+// A loaded model: its config, its weights on one backend, and the forward pass over a ForwardBatch.
+// The forward pass is written once (model.cc) against Ops; architecture differences are data
+// (ModelConfig), not code paths per backend.
+#pragma once
+
+#include <memory>
+
+#include "format/model_config.h"
+#include "model/forward_batch.h"
+#include "model/kv_cache.h"
+#include "model/ops.h"
+#include "model/weights.h"
+
+namespace nibble {
+
+class Model {
+ public:
+  Model(ModelConfig config, ModelWeights weights, Ops& ops);
+
+  const ModelConfig& config() const { return config_; }
+  const ModelWeights& weights() const { return weights_; }
+  Ops& ops() const { return ops_; }
+
+  // A KV cache of `num_blocks` blocks of `block_size` tokens for every layer, on the backend.
+  KvCache allocate_kv_cache(int64_t num_blocks, int64_t block_size, KvCacheDType dtype) const;
+
+  // Runs the batch through the model, appending its tokens' K/V to `cache`.
+  // Returns F32 (R, vocab_size) logits for batch.logit_rows, on the backend's device.
+  Tensor forward(const ForwardBatch& batch, KvCache& cache);
+
+ private:
+  ModelConfig config_;
+  ModelWeights weights_;
+  Ops& ops_;
+};
+
+}  // namespace nibble

@@ -1,0 +1,71 @@
+// Ops: the contract every backend implements (src/cpu is the plain reference, src/cuda the fast one).
+// The model's forward pass is written once against this interface. Activations are (tokens, features)
+// row-major in the backend's activation dtype (F32 on the CPU, BF16 on CUDA); weights are as in
+// weights.h. Outputs are written into tensors the caller allocated with `empty`, so a backend can run a
+// step from preallocated memory (CUDA graphs) without allocating inside it.
+#pragma once
+
+#include <cstdint>
+
+#include "core/tensor.h"
+#include "model/forward_batch.h"
+#include "model/kv_cache.h"
+#include "model/weights.h"
+
+namespace nibble {
+
+enum class Activation : uint8_t { kSilu, kGelu };
+enum class RouterNorm : uint8_t { kRenormalize, kNone };  // rescale the top-k weights to sum to one
+
+struct MoeParams {
+  int64_t top_k = 2;
+  RouterNorm router_norm = RouterNorm::kRenormalize;
+  Activation activation = Activation::kSilu;
+};
+
+struct AttentionParams {
+  int64_t num_heads = 0;
+  int64_t num_kv_heads = 0;
+  int64_t head_dim = 0;
+  float softmax_scale = 0.0f;  // usually 1 / sqrt(head_dim)
+  float k_scale = 1.0f;        // FP8 KV-cache scales of this layer
+  float v_scale = 1.0f;
+};
+
+class Ops {
+ public:
+  virtual ~Ops() = default;
+
+  virtual Device device() const = 0;
+  virtual DType activation_dtype() const = 0;
+
+  // Memory. `empty` contents are unspecified. upload/download copy between the CPU and the device.
+  virtual Tensor empty(DType dtype, Shape shape) = 0;
+  virtual Tensor upload(const Tensor& host) = 0;
+  virtual Tensor download(const Tensor& device_tensor) = 0;
+
+  // out (T, H) = table[ids] for ids (T) I32 and table (V, H) BF16.
+  virtual void embedding(const Tensor& ids, const Tensor& table, Tensor& out) = 0;
+  // out (T, H) = x / rms(x) × weight, weight (H) BF16.
+  virtual void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) = 0;
+  // x (T, H) += y (T, H).
+  virtual void add(Tensor& x, const Tensor& y) = 0;
+  // out (T, out_features) = x (T, in_features) · Wᵀ; quantized formats quantize x to FP8 first.
+  virtual void linear(const Tensor& x, const Linear& w, Tensor& out) = 0;
+  // out (R, N) F32 = rows `rows` (R) I32 of x (T, in) times Wᵀ: the lm_head on the rows that need logits.
+  virtual void logits(const Tensor& x, const Tensor& rows, const Linear& w, Tensor& out) = 0;
+  // Neox-style rotary embedding, in place, on the q and k parts of qkv (T, (Hq + 2·Hkv)·D) at
+  // `positions` (T) I32.
+  virtual void rope(Tensor& qkv, const Tensor& positions, const AttentionParams& params,
+                    double theta) = 0;
+  // Writes the k and v parts of qkv into `cache` at batch.slot_mapping, then causal attention of
+  // each query over its sequence's cached keys (GQA: query head h reads kv head h / (Hq / Hkv));
+  // out (T, Hq·D).
+  virtual void attention(const Tensor& qkv, KvCacheLayer& cache, KvCacheDType cache_dtype,
+                         const ForwardBatch& batch, const AttentionParams& params,
+                         Tensor& out) = 0;
+  // The whole MoE layer: route, experts (gate_up, activation · up, down), weighted combine.
+  virtual void moe(const Tensor& x, const MoeWeights& w, const MoeParams& params, Tensor& out) = 0;
+};
+
+}  // namespace nibble
