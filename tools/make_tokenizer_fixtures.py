@@ -179,6 +179,9 @@ SYNTHETIC_TEXTS = [
 def base_tokenizers():
     """Tiny BPE tokenizers trained on the fixture texts; returns name -> tokenizer.json dict."""
     corpus = TEXTS + SYNTHETIC_TEXTS + [long_text(5000)]
+    # The Metaspace and subword bases learn only ASCII, so that other characters exercise byte
+    # fallback and unknown tokens. (limit_alphabet would do it too, but breaks ties randomly.)
+    ascii_corpus = ["".join(c for c in text if c.isascii()) for text in corpus]
     specials = ["<unk>", "<s>", "</s>"]
 
     byte_level = Tokenizer(models.BPE())
@@ -191,8 +194,8 @@ def base_tokenizers():
     metaspace = Tokenizer(models.BPE(unk_token="<unk>", fuse_unk=True, byte_fallback=True))
     metaspace.pre_tokenizer = pre_tokenizers.Metaspace()
     metaspace.decoder = decoders.Metaspace()
-    metaspace.train_from_iterator(corpus, trainers.BpeTrainer(
-        vocab_size=220, special_tokens=specials, limit_alphabet=60, show_progress=False))
+    metaspace.train_from_iterator(ascii_corpus, trainers.BpeTrainer(
+        vocab_size=220, special_tokens=specials, show_progress=False))
     metaspace_json = json.loads(metaspace.to_str())
     vocab = metaspace_json["model"]["vocab"]
     for b in range(256):  # byte-fallback tokens live in the model's vocab, as in Mistral's
@@ -200,11 +203,15 @@ def base_tokenizers():
 
     subword = Tokenizer(models.BPE(unk_token="<unk>"))
     subword.pre_tokenizer = pre_tokenizers.Split(tokenizers.Regex(r"\s+"), "removed")
-    subword.train_from_iterator(corpus, trainers.BpeTrainer(
-        vocab_size=200, special_tokens=specials, limit_alphabet=50, show_progress=False,
+    subword.train_from_iterator(ascii_corpus, trainers.BpeTrainer(
+        vocab_size=200, special_tokens=specials, show_progress=False,
         continuing_subword_prefix="##", end_of_word_suffix="</w>"))
     subword_json = json.loads(subword.to_str())
     subword_json["decoder"] = None
+    # The trainer numbers this alphabet in hash order; renumber so the fixture is reproducible.
+    vocab = subword_json["model"]["vocab"]
+    ordinary = sorted(t for t in vocab if t not in specials)
+    subword_json["model"]["vocab"] = {t: i for i, t in enumerate(specials + ordinary)}
 
     return {"byte_level": json.loads(byte_level.to_str()), "metaspace": metaspace_json,
             "subword": subword_json}

@@ -144,8 +144,8 @@ void AddedVocabulary::split_piece(const Piece& piece, const Trie& trie,
   const std::string_view s = piece.text;
   const auto emit_text = [&](std::size_t begin, std::size_t end) {
     if (end > begin) {
-      out.push_back(Piece{std::string(s.substr(begin, end - begin)), -1,
-                          piece.at_input_start && begin == 0});
+      out.push_back(
+          Piece{std::string(s.substr(begin, end - begin)), -1, piece.at_input_start && begin == 0});
     }
   };
   std::size_t start_offset = 0;  // end of what has been emitted

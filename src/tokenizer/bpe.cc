@@ -10,8 +10,8 @@
 namespace nibble::tok {
 namespace {
 
-constexpr std::size_t kMaxCachedWord = 256;     // bytes, as `tokenizers`
-constexpr std::size_t kCacheCapacity = 1 << 16; // words; past it, new words are not cached
+constexpr std::size_t kMaxCachedWord = 256;      // bytes, as `tokenizers`
+constexpr std::size_t kCacheCapacity = 1 << 16;  // words; past it, new words are not cached
 
 std::string byte_token(unsigned b) {
   constexpr char kHex[] = "0123456789ABCDEF";
@@ -138,10 +138,12 @@ std::vector<int32_t> BpeModel::initial_symbols(std::string_view word) const {
     }
     if (byte_fallback_) {
       bool all = true;
-      for (const char b : piece) all = all && byte_fallback_ids_[static_cast<unsigned char>(b)] >= 0;
+      for (const char b : piece)
+        all = all && byte_fallback_ids_[static_cast<unsigned char>(b)] >= 0;
       if (all) {
         // tokenizers leaves a pending unknown token in place here and adds it after.
-        for (const char b : piece) symbols.push_back(byte_fallback_ids_[static_cast<unsigned char>(b)]);
+        for (const char b : piece)
+          symbols.push_back(byte_fallback_ids_[static_cast<unsigned char>(b)]);
         continue;
       }
     }
@@ -191,7 +193,8 @@ std::vector<int32_t> BpeModel::merge_word(std::string_view word) const {
     }
     if (next[top.pos] >= 0) {
       const auto q = static_cast<uint32_t>(next[top.pos]);
-      if (const Merge* m = find_merge(ids[top.pos], ids[q])) heap.push({m->rank, top.pos, m->new_id});
+      if (const Merge* m = find_merge(ids[top.pos], ids[q]))
+        heap.push({m->rank, top.pos, m->new_id});
     }
   }
   std::vector<int32_t> out;

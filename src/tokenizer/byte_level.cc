@@ -16,8 +16,8 @@ bool stands_for_itself(unsigned b) {
 }
 
 struct Tables {
-  std::array<std::string, 256> spelling;                     // byte -> UTF-8 of its character
-  std::array<int, kLastShifted> byte_of;                     // character -> byte, or -1
+  std::array<std::string, 256> spelling;  // byte -> UTF-8 of its character
+  std::array<int, kLastShifted> byte_of;  // character -> byte, or -1
   Tables() {
     byte_of.fill(-1);
     char32_t next = kFirstShifted;

@@ -168,9 +168,8 @@ class Sequence final : public Decoder {
 std::string single_char_member(const Json& json, const char* key, std::string_view where,
                                const JsonContext& context) {
   std::string value = context.string_member(json, key, where);
-  std::size_t pos = 0;
-  if (value.empty() || utf8::first_invalid(value) ||
-      (utf8::next_char(value, pos), pos != value.size())) {
+  // valid_prefix_len measures the first character only.
+  if (value.empty() || utf8::valid_prefix_len(value) != value.size()) {
     context.fail_at(path_join(where, key), "expected a single character");
   }
   return value;

@@ -10,7 +10,9 @@
 namespace nibble {
 namespace {
 
-bool is_continuation(char c) { return (static_cast<unsigned char>(c) & 0xC0) == 0x80; }
+bool is_continuation(char c) {
+  return (static_cast<unsigned char>(c) & 0xC0) == 0x80;
+}
 
 }  // namespace
 
@@ -22,7 +24,9 @@ std::string IncrementalDecoder::push(int32_t id) {
   return advance(Stream::kOpen);
 }
 
-std::string IncrementalDecoder::flush() { return advance(Stream::kEnded); }
+std::string IncrementalDecoder::flush() {
+  return advance(Stream::kEnded);
+}
 
 std::string IncrementalDecoder::advance(Stream stream) {
   const std::span<const int32_t> ids(ids_);
@@ -33,12 +37,13 @@ std::string IncrementalDecoder::advance(Stream stream) {
   // a character would make byte merging differ. Widen the window backwards until neither holds.
   while (prefix_offset_ > 0 && (settled.empty() || settled.starts_with(utf8::kReplacement))) {
     --prefix_offset_;
-    settled =
-        tokenizer_.decode(ids.subspan(prefix_offset_, read_offset_ - prefix_offset_), skip_special_);
+    settled = tokenizer_.decode(ids.subspan(prefix_offset_, read_offset_ - prefix_offset_),
+                                skip_special_);
   }
   const std::string text = tokenizer_.decode(ids.subspan(prefix_offset_), skip_special_);
   if (text.size() <= settled.size()) return {};
-  if (stream == Stream::kOpen && text.ends_with(utf8::kReplacement)) return {};  // a character is still open
+  if (stream == Stream::kOpen && text.ends_with(utf8::kReplacement))
+    return {};  // a character is still open
   // `settled` is a prefix of `text` in practice; never start a chunk inside a character anyway.
   std::size_t from = settled.size();
   while (from < text.size() && is_continuation(text[from])) ++from;

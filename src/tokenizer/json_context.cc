@@ -11,8 +11,7 @@ void JsonContext::fail_at(std::string_view where, std::string_view what) const {
 
 void JsonContext::unsupported(std::string_view component, std::string_view type,
                               std::string_view supported) const {
-  fail(file, ": ", component, " type \"", type, "\" is not supported (supported: ", supported,
-       ")");
+  fail(file, ": ", component, " type \"", type, "\" is not supported (supported: ", supported, ")");
 }
 
 const Json& JsonContext::member(const Json& obj, const char* key, std::string_view where) const {
@@ -55,6 +54,8 @@ std::string path_join(std::string_view where, std::string_view key) {
   return where.empty() ? std::string(key) : cat(where, ".", key);
 }
 
-std::string path_index(std::string_view where, std::size_t i) { return cat(where, "[", i, "]"); }
+std::string path_index(std::string_view where, std::size_t i) {
+  return cat(where, "[", i, "]");
+}
 
 }  // namespace nibble::tok

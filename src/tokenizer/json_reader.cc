@@ -142,8 +142,8 @@ class Reader final : public nlohmann::json_sax<Json> {
 
   bool vocab_id(int64_t id) {
     if (id < 0 || id > INT32_MAX) {
-      error_ = cat(context_.file, ": model.vocab.", vocab_key_,
-                   ": expected a non-negative 32-bit id");
+      error_ =
+          cat(context_.file, ": model.vocab.", vocab_key_, ": expected a non-negative 32-bit id");
       return false;
     }
     out_.bpe.vocab->emplace(vocab_key_, static_cast<int32_t>(id));
@@ -172,7 +172,8 @@ class Reader final : public nlohmann::json_sax<Json> {
       error_ = cat(context_.file, ": model.merges[", merge_index_,
                    "]: expected \"a b\" or [\"a\", \"b\"]");
     } else {
-      error_ = cat(context_.file, ": model.vocab.", vocab_key_, ": expected a non-negative 32-bit id");
+      error_ =
+          cat(context_.file, ": model.vocab.", vocab_key_, ": expected a non-negative 32-bit id");
     }
     return false;
   }
@@ -183,7 +184,7 @@ class Reader final : public nlohmann::json_sax<Json> {
   std::vector<Json*> stack_;       // open containers, outermost first
   std::vector<std::string> path_;  // the key each open container sits under ("" in arrays)
   std::string last_key_;
-  Json* pending_ = nullptr;        // the object member named by the last key
+  Json* pending_ = nullptr;  // the object member named by the last key
   Mode mode_ = Mode::kDom;
   std::string vocab_key_;
   int merge_depth_ = 0;

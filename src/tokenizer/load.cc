@@ -73,7 +73,8 @@ std::unique_ptr<Tokenizer::Impl> Tokenizer::Impl::from_json_file(const fs::path&
           : context.type_of(model, "model");
   if (model_type != "BPE") context.unsupported("model", model_type, "BPE");
   impl->model = tok::BpeModel::from_json(model, std::move(parsed.bpe), "model", context);
-  impl->normalizer = tok::make_normalizer(optional_member(root, "normalizer"), "normalizer", context);
+  impl->normalizer =
+      tok::make_normalizer(optional_member(root, "normalizer"), "normalizer", context);
   impl->pre_tokenizer =
       tok::make_pre_tokenizer(optional_member(root, "pre_tokenizer"), "pre_tokenizer", context);
   impl->post_processor =
@@ -86,8 +87,7 @@ std::unique_ptr<Tokenizer::Impl> Tokenizer::Impl::from_json_file(const fs::path&
   for (const auto& [content, id] : impl->added.by_content()) {
     if (impl->model->token_to_id(content)) ++overlapping;
   }
-  impl->vocab_size =
-      impl->model->size() + static_cast<int64_t>(impl->added.size()) - overlapping;
+  impl->vocab_size = impl->model->size() + static_cast<int64_t>(impl->added.size()) - overlapping;
   return impl;
 }
 

@@ -34,13 +34,21 @@ class UnicodeNormalizer final : public Normalizer {
   UnicodeNormalizer(UnicodeForm form, std::string_view name) {
     UErrorCode status = U_ZERO_ERROR;
     switch (form) {
-      case UnicodeForm::kNfc: icu_ = icu::Normalizer2::getNFCInstance(status); break;
-      case UnicodeForm::kNfd: icu_ = icu::Normalizer2::getNFDInstance(status); break;
-      case UnicodeForm::kNfkc: icu_ = icu::Normalizer2::getNFKCInstance(status); break;
-      case UnicodeForm::kNfkd: icu_ = icu::Normalizer2::getNFKDInstance(status); break;
+      case UnicodeForm::kNfc:
+        icu_ = icu::Normalizer2::getNFCInstance(status);
+        break;
+      case UnicodeForm::kNfd:
+        icu_ = icu::Normalizer2::getNFDInstance(status);
+        break;
+      case UnicodeForm::kNfkc:
+        icu_ = icu::Normalizer2::getNFKCInstance(status);
+        break;
+      case UnicodeForm::kNfkd:
+        icu_ = icu::Normalizer2::getNFKDInstance(status);
+        break;
     }
-    check(U_SUCCESS(status) && icu_ != nullptr, "ICU has no ", name, " normalizer: ",
-          u_errorName(status));
+    check(U_SUCCESS(status) && icu_ != nullptr, "ICU has no ", name,
+          " normalizer: ", u_errorName(status));
   }
 
   std::string normalize(std::string text) const override {

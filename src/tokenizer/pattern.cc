@@ -58,7 +58,8 @@ Pattern make_pattern(const Json& json, std::string_view where, const JsonContext
   if (!pattern.is_object() || pattern.size() != 1) {
     context.fail_at(at, "expected {\"String\": ...} or {\"Regex\": ...}");
   }
-  if (pattern.contains("String")) return Pattern::literal(context.string_member(pattern, "String", at));
+  if (pattern.contains("String"))
+    return Pattern::literal(context.string_member(pattern, "String", at));
   if (pattern.contains("Regex")) {
     const std::string source = context.string_member(pattern, "Regex", at);
     try {

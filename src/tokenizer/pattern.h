@@ -23,7 +23,7 @@ class Pattern {
 
  private:
   Pattern() = default;
-  std::string literal_;          // used when regex_ is empty
+  std::string literal_;  // used when regex_ is empty
   std::optional<Regex> regex_;
 };
 

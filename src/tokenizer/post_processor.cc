@@ -31,8 +31,7 @@ class Nothing final : public PostProcessor {
 
 class Sequence final : public PostProcessor {
  public:
-  explicit Sequence(std::vector<std::unique_ptr<PostProcessor>> steps)
-      : steps_(std::move(steps)) {}
+  explicit Sequence(std::vector<std::unique_ptr<PostProcessor>> steps) : steps_(std::move(steps)) {}
   void process(std::vector<int32_t>& ids) const override {
     for (const auto& step : steps_) step->process(ids);
   }
@@ -55,7 +54,8 @@ std::unique_ptr<PostProcessor> make_template(const Json& json, std::string_view 
     const std::string at = path_index(single_at, i);
     const Json& piece = single[i];
     if (piece.is_object() && piece.contains("Sequence")) {
-      const std::string id = context.string_member(piece["Sequence"], "id", path_join(at, "Sequence"));
+      const std::string id =
+          context.string_member(piece["Sequence"], "id", path_join(at, "Sequence"));
       if (id != "A" || seen_sequence) context.fail_at(at, "the single template takes $A once");
       seen_sequence = true;
     } else if (piece.is_object() && piece.contains("SpecialToken")) {
@@ -63,7 +63,8 @@ std::unique_ptr<PostProcessor> make_template(const Json& json, std::string_view 
           context.string_member(piece["SpecialToken"], "id", path_join(at, "SpecialToken"));
       const Json& special = context.member(specials, name.c_str(), specials_at);
       const Json& ids = context.member(special, "ids", path_join(specials_at, name));
-      if (!ids.is_array()) context.fail_at(path_join(path_join(specials_at, name), "ids"), "expected an array");
+      if (!ids.is_array())
+        context.fail_at(path_join(path_join(specials_at, name), "ids"), "expected an array");
       for (const Json& id : ids) {
         if (!id.is_number_integer()) {
           context.fail_at(path_join(path_join(specials_at, name), "ids"), "expected integers");

@@ -1,6 +1,6 @@
-// Post-processors of tokenizer.json, run by encode() with AddSpecialTokens::kYes: TemplateProcessing
-// (its "single" template, e.g. `<s> $A`), BertProcessing / RobertaProcessing ([CLS] A [SEP]),
-// ByteLevel (offsets only, so nothing to do on ids) and Sequence.
+// Post-processors of tokenizer.json, run by encode() with AddSpecialTokens::kYes:
+// TemplateProcessing (its "single" template, e.g. `<s> $A`), BertProcessing / RobertaProcessing
+// ([CLS] A [SEP]), ByteLevel (offsets only, so nothing to do on ids) and Sequence.
 #pragma once
 
 #include <cstdint>

@@ -40,20 +40,6 @@ void split_pieces(std::vector<Piece>& pieces, SplitFn&& split) {
   pieces = std::move(out);
 }
 
-// Every occurrence of one character is a match (tokenizers' Pattern for char).
-std::vector<MatchSpan> char_matches(std::string_view text, std::string_view character) {
-  std::vector<MatchSpan> spans;
-  std::size_t prev = 0;
-  for (std::size_t at = text.find(character); at != std::string_view::npos;
-       at = text.find(character, prev)) {
-    if (at != prev) spans.push_back({prev, at, false});
-    spans.push_back({at, at + character.size(), true});
-    prev = at + character.size();
-  }
-  if (prev != text.size()) spans.push_back({prev, text.size(), false});
-  return spans;
-}
-
 class Split final : public PreTokenizer {
  public:
   Split(Pattern pattern, SplitBehavior behavior, bool invert)
@@ -111,7 +97,10 @@ enum class PrependScheme : uint8_t { kAlways, kFirst, kNever };
 class Metaspace final : public PreTokenizer {
  public:
   Metaspace(std::string replacement, PrependScheme scheme, bool split)
-      : replacement_(std::move(replacement)), scheme_(scheme), split_(split) {}
+      : replacement_(replacement),
+        replacement_pattern_(Pattern::literal(std::move(replacement))),
+        scheme_(scheme),
+        split_(split) {}
 
   void pre_tokenize(std::vector<Piece>& pieces) const override {
     split_pieces(pieces, [&](Piece& piece, std::vector<Piece>& out) {
@@ -134,22 +123,22 @@ class Metaspace final : public PreTokenizer {
         return;
       }
       append_spans(piece,
-                   apply_split_behavior(char_matches(piece.text, replacement_),
+                   apply_split_behavior(replacement_pattern_.find_matches(piece.text),
                                         SplitBehavior::kMergedWithNext),
                    out);
     });
   }
 
  private:
-  std::string replacement_;
+  std::string replacement_;  // one character
+  Pattern replacement_pattern_;
   PrependScheme scheme_;
   bool split_;
 };
 
 class Sequence final : public PreTokenizer {
  public:
-  explicit Sequence(std::vector<std::unique_ptr<PreTokenizer>> steps)
-      : steps_(std::move(steps)) {}
+  explicit Sequence(std::vector<std::unique_ptr<PreTokenizer>> steps) : steps_(std::move(steps)) {}
   void pre_tokenize(std::vector<Piece>& pieces) const override {
     for (const auto& step : steps_) step->pre_tokenize(pieces);
   }
@@ -158,8 +147,7 @@ class Sequence final : public PreTokenizer {
   std::vector<std::unique_ptr<PreTokenizer>> steps_;
 };
 
-SplitBehavior parse_behavior(const Json& json, std::string_view where,
-                             const JsonContext& context) {
+SplitBehavior parse_behavior(const Json& json, std::string_view where, const JsonContext& context) {
   const std::string name = context.string_member(json, "behavior", where);
   if (name == "Removed") return SplitBehavior::kRemoved;
   if (name == "Isolated") return SplitBehavior::kIsolated;
@@ -175,9 +163,8 @@ SplitBehavior parse_behavior(const Json& json, std::string_view where,
 std::unique_ptr<PreTokenizer> make_metaspace(const Json& json, std::string_view where,
                                              const JsonContext& context) {
   const std::string replacement = context.string_member(json, "replacement", where);
-  std::size_t pos = 0;
-  if (replacement.empty() || utf8::valid_prefix_len(replacement) != replacement.size() ||
-      (utf8::next_char(replacement, pos), pos != replacement.size())) {
+  // valid_prefix_len measures the first character only.
+  if (replacement.empty() || utf8::valid_prefix_len(replacement) != replacement.size()) {
     context.fail_at(path_join(where, "replacement"), "expected a single character");
   }
   PrependScheme scheme = PrependScheme::kAlways;
@@ -257,9 +244,8 @@ std::unique_ptr<PreTokenizer> make_pre_tokenizer(const Json& json, std::string_v
                                    context.bool_member(json, "invert", where, false));
   }
   if (type == "ByteLevel") {
-    return std::make_unique<ByteLevel>(
-        context.bool_member(json, "add_prefix_space", where, true),
-        context.bool_member(json, "use_regex", where, true));
+    return std::make_unique<ByteLevel>(context.bool_member(json, "add_prefix_space", where, true),
+                                       context.bool_member(json, "use_regex", where, true));
   }
   if (type == "Metaspace") return make_metaspace(json, where, context);
   if (type == "Sequence") {

@@ -16,12 +16,16 @@ namespace nibble::tok {
 
 struct Piece {
   std::string text;
-  int32_t added_id = -1;         // an added token's id: never normalized, split or merged
-  bool at_input_start = false;   // starts at byte 0 of the input (Metaspace "first")
+  int32_t added_id = -1;        // an added token's id: never normalized, split or merged
+  bool at_input_start = false;  // starts at byte 0 of the input (Metaspace "first")
 };
 
 enum class SplitBehavior : uint8_t {
-  kRemoved, kIsolated, kMergedWithPrevious, kMergedWithNext, kContiguous
+  kRemoved,
+  kIsolated,
+  kMergedWithPrevious,
+  kMergedWithNext,
+  kContiguous
 };
 
 // tokenizers' NormalizedString::split: turns match spans into the [start, end) ranges to keep

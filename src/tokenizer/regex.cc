@@ -20,6 +20,31 @@ constexpr std::string_view kWordSet = "\\p{L}\\p{M}\\p{N}\\p{Pc}";
 // Oniguruma's `\h` is a hex digit, not horizontal space as in PCRE2.
 constexpr std::string_view kHexSet = "0-9a-fA-F";
 
+struct EscapeSet {
+  std::string_view set;  // empty: the escape means the same in both engines
+  bool negated = false;
+};
+
+// The character set an Oniguruma escape letter stands for where PCRE2 reads it differently.
+EscapeSet oniguruma_set(char letter) {
+  switch (letter) {
+    case 's':
+      return {kSpaceSet, false};
+    case 'S':
+      return {kSpaceSet, true};
+    case 'w':
+      return {kWordSet, false};
+    case 'W':
+      return {kWordSet, true};
+    case 'h':
+      return {kHexSet, false};
+    case 'H':
+      return {kHexSet, true};
+    default:
+      return {};
+  }
+}
+
 std::string pcre2_message(int code) {
   PCRE2_UCHAR buffer[256];
   pcre2_get_error_message(code, buffer, sizeof(buffer));
@@ -42,17 +67,7 @@ std::string translate_oniguruma(std::string_view pattern) {
     const char c = pattern[i];
     if (c == '\\' && i + 1 < pattern.size()) {
       const char e = pattern[i + 1];
-      std::string_view set;
-      bool negated = false;
-      switch (e) {
-        case 's': set = kSpaceSet; break;
-        case 'S': set = kSpaceSet; negated = true; break;
-        case 'w': set = kWordSet; break;
-        case 'W': set = kWordSet; negated = true; break;
-        case 'h': set = kHexSet; break;
-        case 'H': set = kHexSet; negated = true; break;
-        default: break;
-      }
+      const auto [set, negated] = oniguruma_set(e);
       if (!set.empty() && !in_class) {
         out += negated ? "[^" : "[";
         out += set;
@@ -92,9 +107,9 @@ Regex Regex::from_oniguruma(std::string_view pattern) {
   int error = 0;
   PCRE2_SIZE error_offset = 0;
   // Oniguruma's default syntax makes ^ and $ line anchors, hence MULTILINE.
-  pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(translated.data()),
-                                   translated.size(), PCRE2_UTF | PCRE2_UCP | PCRE2_MULTILINE,
-                                   &error, &error_offset, context);
+  pcre2_code* code =
+      pcre2_compile(reinterpret_cast<PCRE2_SPTR>(translated.data()), translated.size(),
+                    PCRE2_UTF | PCRE2_UCP | PCRE2_MULTILINE, &error, &error_offset, context);
   pcre2_compile_context_free(context);
   if (code == nullptr) {
     fail("cannot compile regex \"", pattern, "\": ", pcre2_message(error), " (at offset ",
@@ -125,15 +140,15 @@ std::vector<MatchSpan> Regex::find_matches(std::string_view text) const {
   std::unique_ptr<pcre2_match_data, decltype(&pcre2_match_data_free)> data(
       pcre2_match_data_create_from_pattern(code_->code, nullptr), &pcre2_match_data_free);
   const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
-  std::size_t prev = 0;       // end of the last span pushed
-  std::size_t search = 0;     // where the next search starts
+  std::size_t prev = 0;                           // end of the last span pushed
+  std::size_t search = 0;                         // where the next search starts
   std::size_t last_end = std::string_view::npos;  // end of the last accepted match
   while (search <= text.size()) {
-    int rc = pcre2_match(code_->code, subject, text.size(), search, PCRE2_NO_UTF_CHECK,
-                         data.get(), nullptr);
+    int rc = pcre2_match(code_->code, subject, text.size(), search, PCRE2_NO_UTF_CHECK, data.get(),
+                         nullptr);
     if (rc == PCRE2_ERROR_JIT_STACKLIMIT) {
-      rc = pcre2_match(code_->code, subject, text.size(), search,
-                       PCRE2_NO_UTF_CHECK | PCRE2_NO_JIT, data.get(), nullptr);
+      rc = pcre2_match(code_->code, subject, text.size(), search, PCRE2_NO_UTF_CHECK | PCRE2_NO_JIT,
+                       data.get(), nullptr);
     }
     if (rc == PCRE2_ERROR_NOMATCH) break;
     if (rc < 0) fail("regex match failed: ", pcre2_message(rc));
@@ -162,19 +177,6 @@ std::vector<MatchSpan> Regex::find_matches(std::string_view text) const {
   }
   if (prev != text.size()) spans.push_back({prev, text.size(), false});
   return spans;
-}
-
-std::string Regex::replace_all(std::string_view text, std::string_view content) const {
-  std::string out;
-  out.reserve(text.size());
-  for (const MatchSpan& span : find_matches(text)) {
-    if (span.is_match) {
-      out.append(content);
-    } else {
-      out.append(text.substr(span.start, span.end - span.start));
-    }
-  }
-  return out;
 }
 
 }  // namespace nibble::tok

@@ -29,9 +29,6 @@ class Regex {
   // (valid UTF-8); an empty `text` gives one empty non-match.
   std::vector<MatchSpan> find_matches(std::string_view text) const;
 
-  // Replaces every match with `content`.
-  std::string replace_all(std::string_view text, std::string_view content) const;
-
  private:
   struct Code;
   explicit Regex(std::shared_ptr<const Code> code) : code_(std::move(code)) {}

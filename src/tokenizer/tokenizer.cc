@@ -69,7 +69,9 @@ std::string Tokenizer::decode(std::span<const int32_t> ids, SkipSpecialTokens sk
   return text;
 }
 
-int64_t Tokenizer::vocab_size() const { return impl_->vocab_size; }
+int64_t Tokenizer::vocab_size() const {
+  return impl_->vocab_size;
+}
 
 std::optional<int32_t> Tokenizer::token_to_id(std::string_view token) const {
   if (const auto id = impl_->added.token_to_id(token)) return id;
@@ -83,6 +85,8 @@ std::optional<std::string> Tokenizer::id_to_token(int32_t id) const {
   return *token;
 }
 
-bool Tokenizer::is_special(int32_t id) const { return impl_->added.is_special(id); }
+bool Tokenizer::is_special(int32_t id) const {
+  return impl_->added.is_special(id);
+}
 
 }  // namespace nibble

@@ -15,8 +15,8 @@
 namespace nibble {
 
 struct Tokenizer::Impl {
-  std::unique_ptr<tok::Normalizer> normalizer;        // may be null
-  std::unique_ptr<tok::PreTokenizer> pre_tokenizer;   // may be null
+  std::unique_ptr<tok::Normalizer> normalizer;       // may be null
+  std::unique_ptr<tok::PreTokenizer> pre_tokenizer;  // may be null
   std::unique_ptr<tok::BpeModel> model;
   tok::AddedVocabulary added;
   std::unique_ptr<tok::PostProcessor> post_processor;  // may be null

@@ -6,7 +6,9 @@
 namespace nibble::utf8 {
 namespace {
 
-bool is_continuation(unsigned char b) { return (b & 0xC0) == 0x80; }
+bool is_continuation(unsigned char b) {
+  return (b & 0xC0) == 0x80;
+}
 
 // How many leading bytes of `s` form a valid prefix of some UTF-8 sequence (at least 1 for an
 // invalid lead byte, so the caller always makes progress); `complete` tells if it is a whole one.
@@ -88,7 +90,8 @@ char32_t next_char(std::string_view s, std::size_t& pos) {
   const auto b0 = static_cast<unsigned char>(s[pos]);
   const std::size_t n = char_len(b0);
   char32_t c = n == 1 ? b0 : n == 2 ? (b0 & 0x1F) : n == 3 ? (b0 & 0x0F) : (b0 & 0x07);
-  for (std::size_t i = 1; i < n; ++i) c = (c << 6) | (static_cast<unsigned char>(s[pos + i]) & 0x3F);
+  for (std::size_t i = 1; i < n; ++i)
+    c = (c << 6) | (static_cast<unsigned char>(s[pos + i]) & 0x3F);
   pos += n;
   return c;
 }
@@ -119,7 +122,9 @@ void append(std::string& out, char32_t c) {
   }
 }
 
-bool is_whitespace(char32_t c) { return u_isUWhiteSpace(static_cast<UChar32>(c)); }
+bool is_whitespace(char32_t c) {
+  return u_isUWhiteSpace(static_cast<UChar32>(c));
+}
 
 bool is_word_char(char32_t c) {
   const auto cp = static_cast<UChar32>(c);

@@ -13,7 +13,7 @@ namespace nibble::utf8 {
 
 inline constexpr std::string_view kReplacement = "\xEF\xBF\xBD";  // U+FFFD
 
-// Length of the valid UTF-8 sequence at the start of `s`, or 0 if it is invalid or incomplete.
+// Byte length of the first character of `s` if it is valid UTF-8, else 0 (invalid or incomplete).
 std::size_t valid_prefix_len(std::string_view s);
 
 // Byte offset of the first invalid byte, or nullopt when all of `s` is valid UTF-8.

@@ -66,11 +66,13 @@ TEST(TokenizerErrors, UnsupportedModels) {
 }
 
 TEST(TokenizerErrors, UnsupportedComponentsNameTheirPlace) {
-  EXPECT_TRUE(load_error_for(minimal_with("normalizer", R"({"type": "BertNormalizer"})"))
-                  .starts_with("tokenizer.json: normalizer type \"BertNormalizer\" is not supported"));
   EXPECT_TRUE(
-      load_error_for(minimal_with("pre_tokenizer",
-                                  R"({"type": "Sequence", "pretokenizers": [{"type": "Whitespace"}]})"))
+      load_error_for(minimal_with("normalizer", R"({"type": "BertNormalizer"})"))
+          .starts_with("tokenizer.json: normalizer type \"BertNormalizer\" is not supported"));
+  EXPECT_TRUE(
+      load_error_for(
+          minimal_with("pre_tokenizer",
+                       R"({"type": "Sequence", "pretokenizers": [{"type": "Whitespace"}]})"))
           .starts_with("tokenizer.json: pre_tokenizer.pretokenizers[0] type \"Whitespace\" is not "
                        "supported"));
   EXPECT_TRUE(load_error_for(minimal_with("decoder", R"({"type": "WordPiece"})"))
@@ -88,14 +90,26 @@ TEST(TokenizerErrors, BadFields) {
   const std::string behavior = load_error_for(minimal_with(
       "pre_tokenizer",
       R"({"type": "Split", "pattern": {"String": " "}, "behavior": "Sideways", "invert": false})"));
-  EXPECT_TRUE(behavior.starts_with("tokenizer.json: pre_tokenizer.behavior: unknown split behavior"))
+  EXPECT_TRUE(
+      behavior.starts_with("tokenizer.json: pre_tokenizer.behavior: unknown split behavior"))
       << behavior;
-  const std::string merge = load_error_for(minimal_with(
-      "model", R"({"type": "BPE", "vocab": {"a": 0}, "merges": [["a", "z"]]})"));
-  EXPECT_TRUE(merge.starts_with("tokenizer.json: model.merges[0]: merge of tokens not in the vocab"))
+  const std::string merge = load_error_for(
+      minimal_with("model", R"({"type": "BPE", "vocab": {"a": 0}, "merges": [["a", "z"]]})"));
+  EXPECT_TRUE(
+      merge.starts_with("tokenizer.json: model.merges[0]: merge of tokens not in the vocab"))
       << merge;
   EXPECT_EQ(load_error_for(minimal_with("model", R"({"vocab": {"a": 0}})")),
             "tokenizer.json: model.type: missing field");
+  EXPECT_EQ(
+      load_error_for(minimal_with("model", R"({"type": "BPE", "vocab": {"a": -1}, "merges": []})")),
+      "tokenizer.json: model.vocab.a: expected a non-negative 32-bit id");
+  EXPECT_EQ(load_error_for(
+                minimal_with("model", R"({"type": "BPE", "vocab": {"a": 0}, "merges": ["a"]})")),
+            "tokenizer.json: model.merges[0]: expected \"a b\" or [\"a\", \"b\"]");
+  EXPECT_EQ(load_error_for(minimal_with("model", R"({"type": "BPE", "vocab": [], "merges": []})")),
+            "tokenizer.json: model.vocab: expected an object of token -> id");
+  EXPECT_EQ(load_error_for(minimal_with("model", R"({"type": "BPE", "vocab": {}})")),
+            "tokenizer.json: model.merges: missing field");
   EXPECT_EQ(load_error_for(R"({"version": "1.0"})"), "tokenizer.json: model: missing field");
 }
 

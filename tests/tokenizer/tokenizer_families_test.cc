@@ -132,7 +132,8 @@ TEST(FamilySpeed, LoadAndEncode) {
     std::string text;
     while (text.size() < 100'000) text += seed;
     text.resize(100'000);
-    while (!text.empty() && (static_cast<unsigned char>(text.back()) & 0xC0) == 0x80) text.pop_back();
+    while (!text.empty() && (static_cast<unsigned char>(text.back()) & 0xC0) == 0x80)
+      text.pop_back();
     if (!text.empty() && static_cast<unsigned char>(text.back()) >= 0xC0) text.pop_back();
     const auto t2 = std::chrono::steady_clock::now();
     const auto ids = tokenizer.encode(text);

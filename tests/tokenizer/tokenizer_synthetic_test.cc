@@ -40,8 +40,8 @@ TEST(SyntheticTokenizers, MatchPython) {
   for (const auto& variant : fixture["variants"]) {
     const std::string name = variant["name"];
     SCOPED_TRACE(name);
-    const auto json = compose(fixture["bases"][variant["base"].get<std::string>()],
-                              variant["overrides"]);
+    const auto json =
+        compose(fixture["bases"][variant["base"].get<std::string>()], variant["overrides"]);
     const TempFile file(json.dump());
     const Tokenizer tokenizer = Tokenizer::load(file.path());
     EXPECT_EQ(tokenizer.vocab_size(), variant["vocab_size"].get<int64_t>());

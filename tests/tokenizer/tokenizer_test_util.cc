@@ -43,8 +43,8 @@ std::string describe_mismatch(const std::vector<int32_t>& expected,
   std::size_t i = 0;
   while (i < expected.size() && i < actual.size() && expected[i] == actual[i]) ++i;
   std::ostringstream out;
-  out << "lengths " << expected.size() << " vs " << actual.size() << ", first difference at "
-      << i << ":";
+  out << "lengths " << expected.size() << " vs " << actual.size() << ", first difference at " << i
+      << ":";
   for (std::size_t j = i; j < i + 6 && j < expected.size(); ++j) out << " " << expected[j];
   out << " (expected) vs";
   for (std::size_t j = i; j < i + 6 && j < actual.size(); ++j) out << " " << actual[j];
@@ -61,8 +61,8 @@ void expect_cases_match(const Tokenizer& tokenizer, const nlohmann::json& cases,
     const auto got = tokenizer.encode(text, AddSpecialTokens::kYes);
     EXPECT_EQ(got, ids) << label << " " << shown << ": " << describe_mismatch(ids, got);
     const auto got_plain = tokenizer.encode(text, AddSpecialTokens::kNo);
-    EXPECT_EQ(got_plain, ids_no_special)
-        << label << " (no special) " << shown << ": " << describe_mismatch(ids_no_special, got_plain);
+    EXPECT_EQ(got_plain, ids_no_special) << label << " (no special) " << shown << ": "
+                                         << describe_mismatch(ids_no_special, got_plain);
     EXPECT_EQ(tokenizer.decode(ids, SkipSpecialTokens::kYes), c["decoded"].get<std::string>())
         << label << " decode " << shown;
     EXPECT_EQ(tokenizer.decode(ids, SkipSpecialTokens::kNo),
@@ -77,7 +77,8 @@ std::string decode_incrementally(const Tokenizer& tokenizer, const std::vector<i
   for (const int32_t id : ids) {
     const std::string chunk = decoder.push(id);
     EXPECT_FALSE(utf8::first_invalid(chunk).has_value()) << "chunk is not valid UTF-8";
-    EXPECT_FALSE(chunk.ends_with(utf8::kReplacement)) << "chunk released before its last character was complete";
+    EXPECT_FALSE(chunk.ends_with(utf8::kReplacement))
+        << "chunk released before its last character was complete";
     text += chunk;
   }
   const std::string rest = decoder.flush();
