@@ -8,12 +8,10 @@
 #include "core/fp8.h"
 #include "cuda/device.h"
 #include "cuda/fp8_convert.h"
+#include "gpu_test_util.h"
 
 namespace nibble {
 namespace {
-
-#define SKIP_WITHOUT_GPU() \
-  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device"
 
 TEST(CudaFp8, DecodesEveryCodeLikeTheCpu) {
   SKIP_WITHOUT_GPU();

@@ -1,0 +1,123 @@
+// The W4A8 MoE layer: weights upload, workspace, and the sequence of kernels (moe.h).
+#include "cuda/moe.h"
+
+#include <algorithm>
+
+#include "cuda/cuda_check.h"
+#include "cuda/device.h"
+#include "cuda/moe_combine.h"
+#include "cuda/moe_gemm_w4a8.h"
+#include "cuda/moe_quantize.h"
+#include "cuda/moe_route.h"
+
+namespace nibble::cuda {
+namespace {
+
+int sm_count() {
+  int device = 0, sms = 0;
+  cuda_check(cudaGetDevice(&device));
+  cuda_check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  return sms;
+}
+
+// The most floats a split GEMM output needs over every token count up to max_tokens.
+int64_t max_split_rows(int64_t n, int64_t k, int64_t experts, int64_t top_k, int64_t max_tokens, int sms) {
+  int64_t most = 0;
+  for (int64_t t = 1; t <= max_tokens; ++t) {
+    const int64_t rows = t * top_k;
+    most = std::max(most, choose_k_splits(n, k, std::min(experts, rows), rows, sms) * rows);
+  }
+  return most;
+}
+
+}  // namespace
+
+MoeWeightsW4A8 upload_moe_w4a8(const MoeWeights& host) {
+  const Experts& ex = host.experts;
+  check(ex.format == WeightFormat::kInt4, "upload_moe_w4a8: experts are ", weight_format_name(ex.format),
+        ", not int4");
+  const int64_t E = ex.num_experts, H = ex.hidden_size, I = ex.intermediate_size;
+  check(H % 64 == 0 && I % 64 == 0, "the W4A8 MoE kernels need hidden (", H, ") and expert intermediate (", I,
+        ") sizes that are multiples of 64");
+  return {.num_experts = E,
+          .hidden_size = H,
+          .intermediate_size = I,
+          .gate_up = upload(repack_int4_for_gemm(ex.gate_up)),
+          .gate_up_scale = upload(ex.gate_up_scale),
+          .down = upload(repack_int4_for_gemm(ex.down)),
+          .down_scale = upload(ex.down_scale),
+          .router = upload(host.router)};
+}
+
+MoeWorkspace::MoeWorkspace(const MoeWeightsW4A8& w, int64_t tokens, int64_t k)
+    : max_tokens(tokens), top_k(k), num_sms(sm_count()) {
+  const int64_t E = w.num_experts, H = w.hidden_size, I = w.intermediate_size, rows = tokens * k;
+  check(tokens >= 1 && k >= 1 && k <= E, "MoeWorkspace: bad sizes");
+  router_logits = empty(DType::kF32, {tokens, E});
+  topk_ids = empty(DType::kI32, {tokens, k});
+  topk_weights = empty(DType::kF32, {tokens, k});
+  expert_offsets = empty(DType::kI32, {E + 1});
+  active_experts = empty(DType::kI32, {E + 1});
+  sorted_tokens = empty(DType::kI32, {rows});
+  row_pos = empty(DType::kI32, {rows});
+  x_fp8 = empty(DType::kF8E4M3, {tokens, H});
+  x_scale = empty(DType::kF32, {tokens});
+  x_sums = empty(DType::kF32, {tokens, H / 64});
+  gate_up_out = empty(DType::kF32, {max_split_rows(2 * I, H, E, k, tokens, num_sms) * 2 * I});
+  act_fp8 = empty(DType::kF8E4M3, {rows, I});
+  act_scale = empty(DType::kF32, {rows});
+  act_sums = empty(DType::kF32, {rows, I / 64});
+  down_out = empty(DType::kF32, {max_split_rows(H, I, E, k, tokens, num_sms) * H});
+}
+
+void moe_w4a8(const Tensor& x, const MoeWeightsW4A8& w, const MoeParams& params, MoeWorkspace& ws, Tensor& out,
+              cudaStream_t stream) {
+  const int64_t T = x.dim(0), H = w.hidden_size, I = w.intermediate_size, E = w.num_experts, K = params.top_k;
+  expect(x, DType::kBF16, {-1, H}, "moe_w4a8 input");
+  expect(out, DType::kBF16, {T, H}, "moe_w4a8 output");
+  check(T <= ws.max_tokens && K == ws.top_k, "moe_w4a8: ", T, " tokens, top-k ", K, " do not fit a workspace for ",
+        ws.max_tokens, " tokens, top-k ", ws.top_k);
+  if (T == 0) return;
+  const int64_t rows = T * K, slots = std::min(E, rows);
+
+  route_topk({.x = x.raw(), .router = w.router.raw(), .logits = ws.router_logits.data<float>(),
+              .topk_ids = ws.topk_ids.data<int32_t>(), .topk_weights = ws.topk_weights.data<float>(),
+              .tokens = T, .hidden = H, .experts = E, .top_k = K, .norm = params.router_norm},
+             stream);
+  group_by_expert({.topk_ids = ws.topk_ids.data<int32_t>(), .expert_offsets = ws.expert_offsets.data<int32_t>(),
+                   .active_experts = ws.active_experts.data<int32_t>(),
+                   .sorted_tokens = ws.sorted_tokens.data<int32_t>(), .row_pos = ws.row_pos.data<int32_t>(),
+                   .tokens = T, .experts = E, .top_k = K},
+                  stream);
+  quantize_rows_fp8({.x = x.raw(), .codes = ws.x_fp8.data<uint8_t>(), .scale = ws.x_scale.data<float>(),
+                     .sums = ws.x_sums.data<float>(), .rows = T, .cols = H},
+                    stream);
+  const int64_t gate_up_splits = choose_k_splits(2 * I, H, slots, rows, ws.num_sms);
+  moe_gemm_w4a8({.weights = w.gate_up.raw(), .weight_scale = w.gate_up_scale.data<float>(),
+                 .act = ws.x_fp8.data<uint8_t>(), .act_scale = ws.x_scale.data<float>(),
+                 .act_sums = ws.x_sums.data<float>(), .act_row = ws.sorted_tokens.data<int32_t>(),
+                 .expert_offsets = ws.expert_offsets.data<int32_t>(),
+                 .active_experts = ws.active_experts.data<int32_t>(), .out = ws.gate_up_out.data<float>(),
+                 .max_rows = rows, .num_experts = E, .n = 2 * I, .k = H, .expert_slots = slots,
+                 .splits = gate_up_splits},
+                stream);
+  activation_quantize_fp8({.gate_up = ws.gate_up_out.data<float>(), .splits = gate_up_splits, .max_rows = rows,
+                           .codes = ws.act_fp8.data<uint8_t>(), .scale = ws.act_scale.data<float>(),
+                           .sums = ws.act_sums.data<float>(), .rows = rows, .intermediate = I,
+                           .activation = params.activation},
+                          stream);
+  const int64_t down_splits = choose_k_splits(H, I, slots, rows, ws.num_sms);
+  moe_gemm_w4a8({.weights = w.down.raw(), .weight_scale = w.down_scale.data<float>(),
+                 .act = ws.act_fp8.data<uint8_t>(), .act_scale = ws.act_scale.data<float>(),
+                 .act_sums = ws.act_sums.data<float>(), .act_row = nullptr,
+                 .expert_offsets = ws.expert_offsets.data<int32_t>(),
+                 .active_experts = ws.active_experts.data<int32_t>(), .out = ws.down_out.data<float>(),
+                 .max_rows = rows, .num_experts = E, .n = H, .k = I, .expert_slots = slots, .splits = down_splits},
+                stream);
+  moe_combine({.down = ws.down_out.data<float>(), .row_pos = ws.row_pos.data<int32_t>(),
+               .topk_weights = ws.topk_weights.data<float>(), .out = out.raw(), .tokens = T, .top_k = K,
+               .hidden = H, .splits = down_splits, .max_rows = rows},
+              stream);
+}
+
+}  // namespace nibble::cuda

@@ -1,0 +1,61 @@
+// The W4A8 MoE layer on the GPU: route (softmax top-k) -> group tokens by expert -> FP8 per-token
+// activations -> grouped INT4×FP8 gate_up GEMM -> SiLU·mul + FP8 quant -> grouped down GEMM ->
+// weighted combine back to token order. One call runs the whole layer on one stream, with no host
+// synchronization and no allocation (a CUDA graph can capture it).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "core/tensor.h"
+#include "model/ops.h"
+#include "model/weights.h"
+
+namespace nibble::cuda {
+
+// Expert weights in the GEMM kernels' layout, on the device (see moe_gemm_w4a8.cuh for the layout).
+struct MoeWeightsW4A8 {
+  int64_t num_experts = 0;
+  int64_t hidden_size = 0;        // H
+  int64_t intermediate_size = 0;  // I
+  Tensor gate_up;        // U8 (E, 2I·H/2) repacked INT4, gate and up rows interleaved per 16-row tile
+  Tensor gate_up_scale;  // F32 (E, 2I) in the repacked row order
+  Tensor down;           // U8 (E, H·I/2) repacked INT4
+  Tensor down_scale;     // F32 (E, H)
+  Tensor router;         // BF16 (E, H)
+};
+
+// From the CPU weights the loader produced (format kInt4, the on-disk reorder packing).
+MoeWeightsW4A8 upload_moe_w4a8(const MoeWeights& host);
+
+// Scratch memory for up to `max_tokens` tokens; reused by every call. Rows are (token, k) pairs in
+// sorted (grouped by expert) order unless noted.
+struct MoeWorkspace {
+  MoeWorkspace(const MoeWeightsW4A8& w, int64_t max_tokens, int64_t top_k);
+
+  int64_t max_tokens = 0;
+  int64_t top_k = 0;
+  int num_sms = 0;
+  Tensor router_logits;   // F32 (T, E)
+  Tensor topk_ids;        // I32 (T, K)
+  Tensor topk_weights;    // F32 (T, K)
+  Tensor expert_offsets;  // I32 (E + 1)
+  Tensor active_experts;  // I32 (E + 1)
+  Tensor sorted_tokens;   // I32 (T·K): the token of each row
+  Tensor row_pos;         // I32 (T·K): the row of pair t·K + k
+  Tensor x_fp8;           // F8_E4M3 (T, H), token order
+  Tensor x_scale;         // F32 (T)
+  Tensor x_sums;          // F32 (T, H / 64)
+  Tensor gate_up_out;     // F32 (splits · T·K · 2I)
+  Tensor act_fp8;         // F8_E4M3 (T·K, I)
+  Tensor act_scale;       // F32 (T·K)
+  Tensor act_sums;        // F32 (T·K, I / 64)
+  Tensor down_out;        // F32 (splits · T·K · H)
+};
+
+// out (T, H) BF16 = MoE(x (T, H) BF16). T <= workspace.max_tokens().
+void moe_w4a8(const Tensor& x, const MoeWeightsW4A8& w, const MoeParams& params, MoeWorkspace& ws,
+              Tensor& out, cudaStream_t stream);
+
+}  // namespace nibble::cuda

@@ -1,0 +1,53 @@
+// Grouped INT4 × FP8 GEMM for MoE experts (the decode-oriented path): for each active expert e and
+// each of its rows r (tokens routed to it, grouped by expert),
+//   out[split][r][n] = act_scale[r] · scale[e][n] · Σ_{k in split} a[r][k] · v[e][n][k]
+// with a the FP8 activation values and v the INT4 weight values. Weights stream once from memory,
+// spread over all SMs (output channels on the 16-row side of the tensor-core tile, tokens on the
+// 8-column side), split along K when the experts' channels alone cannot fill the GPU.
+//
+// Weight layout (made at load time by repack_int4_for_gemm): per expert, per 16-row tile, per 64-wide
+// K block, 32 lanes × 16 bytes, so each lane's 16-byte load is exactly its mma.m16n8k32 A fragments
+// for two K steps. Each value is stored as u = v + 8 in [1, 15], which read as an FP8 e4m3 byte is
+// exactly u · 2^-9 (the subnormal and first normal binade are evenly spaced); the kernel turns 8
+// nibbles into 8 FP8 operands with two logic ops, and corrects the offset with the activation sums:
+//   Σ a·v = 2^9 · Σ a·(u · 2^-9) − 8 · Σ a.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "core/tensor.h"
+
+namespace nibble::cuda {
+
+inline constexpr int kGemmKBlock = 64;  // K granularity of the layout and of the activation sums
+
+// codes: I32 (E, N, K/8) in the on-disk reorder packing (quant/int4.h), on the CPU.
+// Returns U8 (E, N·K/2) in the kernel's layout, on the CPU. N % 16 == 0 and K % 64 == 0.
+Tensor repack_int4_for_gemm(const Tensor& codes);
+
+struct GemmW4A8Args {
+  const void* weights;          // repacked (E, N·K/2)
+  const float* weight_scale;    // (E, N)
+  const uint8_t* act;           // FP8 (rows, K) — or indexed through act_row
+  const float* act_scale;       // (activation rows)
+  const float* act_sums;        // (activation rows, K / 64): Σ of FP8 values per K block
+  const int32_t* act_row;       // (T·K) sorted position -> activation row; nullptr: identity
+  const int32_t* expert_offsets;  // (E + 1) sorted rows of each expert
+  const int32_t* active_experts;  // (E + 1) active expert ids, count at [E]
+  float* out;                   // (splits, max_rows, N), rows in sorted order
+  int64_t max_rows;             // T·K: the row capacity of one split of `out`
+  int64_t num_experts;
+  int64_t n;                    // N
+  int64_t k;                    // K
+  int64_t expert_slots;         // grid size over experts: min(E, T·K)
+  int64_t splits;               // K splits; each covers a multiple of 64
+};
+
+// Picks the K split for a problem so that the GPU is full; `rows` is T·K (routed pairs).
+int64_t choose_k_splits(int64_t n, int64_t k, int64_t expert_slots, int64_t rows, int num_sms);
+
+void moe_gemm_w4a8(const GemmW4A8Args& args, cudaStream_t stream);
+
+}  // namespace nibble::cuda

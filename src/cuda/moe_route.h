@@ -1,0 +1,45 @@
+// MoE routing on the GPU: router logits, softmax, top-k (ties to the lower expert id, as the CPU
+// twin), optional renormalization; then the grouping of (token, k) pairs by expert that the grouped
+// GEMM reads. Up to 512 experts and top-k 16.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "model/ops.h"
+
+namespace nibble::cuda {
+
+inline constexpr int kMaxExperts = 512;
+inline constexpr int kMaxTopK = 16;
+
+struct RouteArgs {
+  const void* x;          // BF16 (T, H)
+  const void* router;     // BF16 (E, H)
+  float* logits;          // (T, E)
+  int32_t* topk_ids;      // (T, K)
+  float* topk_weights;    // (T, K)
+  int64_t tokens;
+  int64_t hidden;
+  int64_t experts;
+  int64_t top_k;
+  RouterNorm norm;
+};
+
+void route_topk(const RouteArgs& args, cudaStream_t stream);
+
+struct GroupArgs {
+  const int32_t* topk_ids;   // (T, K)
+  int32_t* expert_offsets;   // (E + 1)
+  int32_t* active_experts;   // (E + 1): active ids in increasing order, their count at [E]
+  int32_t* sorted_tokens;    // (T·K): token of each sorted row
+  int32_t* row_pos;          // (T·K): sorted row of pair t·K + k
+  int64_t tokens;
+  int64_t experts;
+  int64_t top_k;
+};
+
+void group_by_expert(const GroupArgs& args, cudaStream_t stream);
+
+}  // namespace nibble::cuda
