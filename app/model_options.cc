@@ -5,6 +5,8 @@
 #include <filesystem>
 #include <iostream>
 
+#include <unistd.h>
+
 #include "cpu/cpu_ops.h"
 #include "format/safetensors.h"
 
@@ -17,9 +19,13 @@ KvCacheDType parse_kv_dtype(const std::string& name) {
   fail("--kv-cache-dtype ", name, " is not supported (auto, bf16, fp8_e4m3)");
 }
 
+// A live counter on a terminal; one line at the end otherwise (logs stay readable).
 void show_progress(int64_t done, int64_t total) {
-  if (done == total || done % 16 == 0)
+  static const bool tty = isatty(STDERR_FILENO) != 0;
+  if (tty && (done == total || done % 16 == 0))
     std::cerr << "\rloading weights: " << done << "/" << total << (done == total ? "\n" : "") << std::flush;
+  else if (!tty && done == total)
+    std::cerr << "loaded " << total << " tensors\n";
 }
 
 }  // namespace

@@ -1,6 +1,6 @@
 // Grouped INT4 × FP8 GEMM kernel (see moe_gemm_w4a8.h for the contract and the weight layout).
 // A block is one warpgroup owning 64 output channels of one expert and up to kTokenTiles × 8 of its
-// rows at a time; it walks its K range through an 8-stage cp.async pipeline (weights per lane,
+// rows at a time; it walks its K range through a 4-stage cp.async pipeline of 256-wide K steps (weights per lane,
 // activations shared in wgmma's core-matrix layout) and multiplies with wgmma (A = weights from
 // registers, B = activations from shared memory). Every 64-wide K block's result is added to fp32
 // registers, so accumulation error does not grow with K.
@@ -16,22 +16,24 @@ namespace {
 
 constexpr int kWarps = 4;  // one warpgroup: 64 output channels
 constexpr int kThreads = kWarps * 32;
-constexpr int kStages = 8;
-constexpr int kCoreBytes = 128;  // a wgmma core matrix: 8 rows × 16 bytes
+constexpr int kStages = 4;
+constexpr int kBlocksPerStage = 4;  // 64-wide K blocks per pipeline stage (256 K, 8 KB of weights)
+constexpr int kCoreBytes = 128;     // a wgmma core matrix: 8 rows × 16 bytes
 
-// Activations of one stage: kTokenTiles × 8 rows × 64 K bytes as K-major core matrices, core matrix
-// (row group j, 16-byte K column c) at (j · 4 + c) · 128: 128 bytes between K neighbours, 512 between
-// row groups.
+// One stage: per K block, the warps' weight fragments, and the activations as K-major core matrices,
+// core matrix (row group j, 16-byte K column c) at (j · 4 + c) · 128: 128 bytes between K neighbours,
+// 512 between row groups.
 template <int kTokenTiles>
 struct alignas(128) GemmSmem {
-  uint4 weights[kStages][kWarps][32];
-  uint8_t act[kStages][kTokenTiles * 8 * kGemmKBlock];
+  uint4 weights[kStages][kBlocksPerStage][kWarps][32];
+  uint8_t act[kStages][kBlocksPerStage][kTokenTiles * 8 * kGemmKBlock];
+  int64_t act_row[kTokenTiles * 8];
   float token_sum[kTokenTiles * 8];
   float token_scale[kTokenTiles * 8];
 };
 
 template <int kTokenTiles>
-__global__ void __launch_bounds__(kThreads) moe_gemm_w4a8_kernel(const __grid_constant__ GemmW4A8Args p) {
+__global__ void __launch_bounds__(kThreads, 4) moe_gemm_w4a8_kernel(const __grid_constant__ GemmW4A8Args p) {
   constexpr int kRows = kTokenTiles * 8;
   constexpr int kAcc = kRows / 2;  // f32 accumulator registers per thread of an m64 × kRows tile
   extern __shared__ uint4 smem_raw[];
@@ -50,65 +52,87 @@ __global__ void __launch_bounds__(kThreads) moe_gemm_w4a8_kernel(const __grid_co
   const int64_t per_split = (kblocks + p.splits - 1) / p.splits;
   const int64_t kb_begin = blockIdx.z * per_split;
   const int64_t kb_count = min(kblocks, kb_begin + per_split) - kb_begin;
+  const int64_t stage_count = (kb_count + kBlocksPerStage - 1) / kBlocksPerStage;
   const uint4* weights = static_cast<const uint4*>(p.weights) + (expert * tiles + tile) * kblocks * 32 + lane;
 
   for (int chunk = 0; chunk < rows; chunk += kRows) {
-    auto load_stage = [&](int stage, int64_t kb) {
-      if (tile_valid) ptx::cp_async_16(&sm.weights[stage][warp][lane], weights + kb * 32);
-      for (int i = threadIdx.x; i < kRows * 4; i += kThreads) {
-        const int rr = i / 4, c = i % 4;
-        const bool valid = chunk + rr < rows;
-        const int sorted = row_begin + (valid ? chunk + rr : 0);
-        const int64_t act_row = p.act_row ? p.act_row[sorted] : sorted;
-        ptx::cp_async_16(&sm.act[stage][((rr / 8) * 4 + c) * kCoreBytes + (rr % 8) * 16],
-                         p.act + act_row * p.k + kb * kGemmKBlock + c * 16, valid);
+    // The activation row of each row of this chunk (-1 past the expert's last row).
+    for (int rr = threadIdx.x; rr < kRows; rr += kThreads)
+      sm.act_row[rr] = chunk + rr < rows ? (p.act_row ? p.act_row[row_begin + chunk + rr] : row_begin + chunk + rr)
+                                         : -1;
+    __syncthreads();
+
+    auto load_stage = [&](int stage, int64_t first) {  // K blocks first .. first + 3 of the split
+#pragma unroll 1
+      for (int b = 0; b < kBlocksPerStage; ++b) {
+        const int64_t kb = kb_begin + first + b;
+        if (first + b >= kb_count) break;
+        if (tile_valid) ptx::cp_async_16(&sm.weights[stage][b][warp][lane], weights + kb * 32);
+        for (int i = threadIdx.x; i < kRows * 4; i += kThreads) {
+          const int rr = i / 4, c = i % 4;
+          const int64_t act_row = sm.act_row[rr];
+          ptx::cp_async_16(&sm.act[stage][b][((rr / 8) * 4 + c) * kCoreBytes + (rr % 8) * 16],
+                           p.act + max(act_row, int64_t{0}) * p.k + kb * kGemmKBlock + c * 16, act_row >= 0);
+        }
       }
     };
 
     float acc[kAcc] = {};
 #pragma unroll
     for (int s = 0; s < kStages - 1; ++s) {
-      if (s < kb_count) load_stage(s, kb_begin + s);
+      if (s < stage_count) load_stage(s, s * kBlocksPerStage);
       ptx::cp_async_commit();
     }
-    for (int64_t i = 0; i < kb_count; ++i) {
+    {
+      // While the first stages load: each row's Σ a over this split's K blocks and its scale, with
+      // kThreadsPerRow threads a row (visible to all after the main loop's first barrier).
+      constexpr int kThreadsPerRow = kThreads / kRows;
+      const int rr = threadIdx.x / kThreadsPerRow, part = threadIdx.x % kThreadsPerRow;
+      const int64_t act_row = sm.act_row[rr];
+      float sum = 0.0f;
+      if (act_row >= 0) {
+        const float* sums = p.act_sums + act_row * kblocks + kb_begin;
+#pragma unroll 4
+        for (int64_t kb = part; kb < kb_count; kb += kThreadsPerRow) sum += sums[kb];
+      }
+#pragma unroll
+      for (int o = kThreadsPerRow / 2; o > 0; o /= 2) sum += __shfl_xor_sync(0xFFFFFFFFu, sum, o);
+      if (part == 0) {
+        sm.token_sum[rr] = sum;
+        sm.token_scale[rr] = act_row >= 0 ? p.act_scale[act_row] : 0.0f;
+      }
+    }
+    for (int64_t i = 0; i < stage_count; ++i) {
       ptx::cp_async_wait<kStages - 2>();
       wgmma::fence_proxy_async();  // the copies are generic-proxy writes that wgmma reads
       __syncthreads();  // stage i is complete for all threads; stage i - 1 is free to refill
-      if (i + kStages - 1 < kb_count) load_stage((i + kStages - 1) % kStages, kb_begin + i + kStages - 1);
+      if (i + kStages - 1 < stage_count)
+        load_stage((i + kStages - 1) % kStages, (i + kStages - 1) * kBlocksPerStage);
       ptx::cp_async_commit();
 
       const int stage = static_cast<int>(i % kStages);
-      // Each nibble u becomes the FP8 byte u, worth u · 2^-9: low nibbles are rows g, high g + 8.
-      const uint4 w = sm.weights[stage][warp][lane];
-      const uint32_t a0[4] = {w.x & 0x0F0F0F0Fu, (w.x >> 4) & 0x0F0F0F0Fu, w.y & 0x0F0F0F0Fu, (w.y >> 4) & 0x0F0F0F0Fu};
-      const uint32_t a1[4] = {w.z & 0x0F0F0F0Fu, (w.z >> 4) & 0x0F0F0F0Fu, w.w & 0x0F0F0F0Fu, (w.w >> 4) & 0x0F0F0F0Fu};
-      float d[kAcc];
-      wgmma::fence();
-      wgmma::WgmmaE4m3<kRows>::mma(d, a0, wgmma::descriptor(&sm.act[stage][0], kCoreBytes, 4 * kCoreBytes), 0);
-      wgmma::WgmmaE4m3<kRows>::mma(d, a1, wgmma::descriptor(&sm.act[stage][2 * kCoreBytes], kCoreBytes, 4 * kCoreBytes), 1);
-      wgmma::commit();
-      wgmma::wait<0>();
-      // Promote every 64-wide K block into fp32 registers.
 #pragma unroll
-      for (int j = 0; j < kAcc; ++j) acc[j] += d[j];
+      for (int b = 0; b < kBlocksPerStage; ++b) {
+        if (i * kBlocksPerStage + b >= kb_count) break;
+        // Each nibble u becomes the FP8 byte u, worth u · 2^-9: low nibbles are rows g, high g + 8.
+        const uint4 w = sm.weights[stage][b][warp][lane];
+        const uint32_t a0[4] = {w.x & 0x0F0F0F0Fu, (w.x >> 4) & 0x0F0F0F0Fu, w.y & 0x0F0F0F0Fu,
+                                (w.y >> 4) & 0x0F0F0F0Fu};
+        const uint32_t a1[4] = {w.z & 0x0F0F0F0Fu, (w.z >> 4) & 0x0F0F0F0Fu, w.w & 0x0F0F0F0Fu,
+                                (w.w >> 4) & 0x0F0F0F0Fu};
+        const uint8_t* act = sm.act[stage][b];
+        float d[kAcc];
+        wgmma::fence();
+        wgmma::WgmmaE4m3<kRows>::mma(d, a0, wgmma::descriptor(act, kCoreBytes, 4 * kCoreBytes), 0);
+        wgmma::WgmmaE4m3<kRows>::mma(d, a1, wgmma::descriptor(act + 2 * kCoreBytes, kCoreBytes, 4 * kCoreBytes), 1);
+        wgmma::commit();
+        wgmma::wait<0>();
+        // Promote every 64-wide K block into fp32 registers.
+#pragma unroll
+        for (int j = 0; j < kAcc; ++j) acc[j] += d[j];
+      }
     }
     ptx::cp_async_wait<0>();
-
-    // Per row: Σ a over this split's K blocks, and the activation scale.
-    for (int rr = threadIdx.x; rr < kRows; rr += kThreads) {
-      float sum = 0.0f, scale = 0.0f;
-      if (chunk + rr < rows) {
-        const int sorted = row_begin + chunk + rr;
-        const int64_t act_row = p.act_row ? p.act_row[sorted] : sorted;
-        const float* sums = p.act_sums + act_row * kblocks + kb_begin;
-        for (int64_t kb = 0; kb < kb_count; ++kb) sum += sums[kb];
-        scale = p.act_scale[act_row];
-      }
-      sm.token_sum[rr] = sum;
-      sm.token_scale[rr] = scale;
-    }
-    __syncthreads();
 
     if (tile_valid) {
       const float* wscale = p.weight_scale + expert * p.n;
@@ -123,7 +147,7 @@ __global__ void __launch_bounds__(kThreads) moe_gemm_w4a8_kernel(const __grid_co
         out[rr * p.n + channel] = dot * sm.token_scale[rr] * wscale[channel];
       }
     }
-    __syncthreads();  // token_sum/scale and the pipeline buffers are reused by the next chunk
+    __syncthreads();  // the row tables and the pipeline buffers are reused by the next chunk
   }
 }
 

@@ -7,7 +7,7 @@
 //
 // Weight layout (made at load time by repack_int4_for_gemm): per expert, per 16-row tile, per 64-wide
 // K block, 32 lanes × 16 bytes, so each lane's 16-byte load is exactly its mma.m16n8k32 A fragments
-// for two K steps. Each value is stored as u = v + 8 in [1, 15], which read as an FP8 e4m3 byte is
+// for two K steps. Each value is stored as u = v + 8 in [0, 15], which read as an FP8 e4m3 byte is
 // exactly u · 2^-9 (the subnormal and first normal binade are evenly spaced); the kernel turns 8
 // nibbles into 8 FP8 operands with two logic ops, and corrects the offset with the activation sums:
 //   Σ a·v = 2^9 · Σ a·(u · 2^-9) − 8 · Σ a.

@@ -9,20 +9,31 @@
 namespace nibble::cuda {
 namespace {
 
-constexpr int kLogitThreads = 256;
+constexpr int kLogitWarps = 8;
 
-// One block per token; each warp takes experts warp, warp + 8, ...
+// Grid (T, E / 8): each warp computes one expert's logit for one token, reading 16 bytes (8 bf16) a
+// lane per step with several loads in flight, so that one token alone still spreads over the GPU.
 __global__ void router_logits_kernel(const __grid_constant__ RouteArgs p) {
   const int64_t t = blockIdx.x;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const auto* x = static_cast<const __nv_bfloat16*>(p.x) + t * p.hidden;
-  for (int64_t e = warp; e < p.experts; e += kLogitThreads / 32) {
-    const auto* w = static_cast<const __nv_bfloat16*>(p.router) + e * p.hidden;
-    float sum = 0.0f;
-    for (int64_t h = lane; h < p.hidden; h += 32) sum += __bfloat162float(x[h]) * __bfloat162float(w[h]);
-    for (int o = 16; o > 0; o /= 2) sum += __shfl_xor_sync(0xFFFFFFFFu, sum, o);
-    if (lane == 0) p.logits[t * p.experts + e] = sum;
+  const int64_t e = static_cast<int64_t>(blockIdx.y) * kLogitWarps + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (e >= p.experts) return;
+  const auto* x = reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(p.x) + t * p.hidden);
+  const auto* w = reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(p.router) + e * p.hidden);
+  float sum = 0.0f;
+#pragma unroll 4
+  for (int64_t i = lane; i < p.hidden / 8; i += 32) {
+    const uint4 xv = x[i], wv = w[i];
+    const auto* xh = reinterpret_cast<const __nv_bfloat162*>(&xv);
+    const auto* wh = reinterpret_cast<const __nv_bfloat162*>(&wv);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float2 a = __bfloat1622float2(xh[j]), b = __bfloat1622float2(wh[j]);
+      sum += a.x * b.x + a.y * b.y;
+    }
   }
+  for (int o = 16; o > 0; o /= 2) sum += __shfl_xor_sync(0xFFFFFFFFu, sum, o);
+  if (lane == 0) p.logits[t * p.experts + e] = sum;
 }
 
 // One warp per token: softmax over E, then K rounds of a warp-wide argmax.
@@ -115,7 +126,9 @@ void route_topk(const RouteArgs& p, cudaStream_t stream) {
   check(p.experts >= 1 && p.experts <= kMaxExperts, "route_topk: ", p.experts, " experts (at most ", kMaxExperts, ")");
   check(p.top_k >= 1 && p.top_k <= kMaxTopK && p.top_k <= p.experts, "route_topk: top_k ", p.top_k);
   if (p.tokens == 0) return;
-  router_logits_kernel<<<static_cast<unsigned>(p.tokens), kLogitThreads, 0, stream>>>(p);
+  check(p.hidden % 8 == 0, "route_topk: hidden size ", p.hidden, " is not a multiple of 8");
+  const dim3 grid(static_cast<unsigned>(p.tokens), static_cast<unsigned>((p.experts + kLogitWarps - 1) / kLogitWarps));
+  router_logits_kernel<<<grid, kLogitWarps * 32, 0, stream>>>(p);
   cuda_check(cudaGetLastError());
   constexpr int kWarpsPerBlock = 4;
   topk_kernel<<<static_cast<unsigned>((p.tokens + kWarpsPerBlock - 1) / kWarpsPerBlock), kWarpsPerBlock * 32, 0,

@@ -27,19 +27,21 @@ struct GemmCase {
   int64_t experts, n, k, tokens, top_k;
 };
 
-// Random INT4 weights for E experts (E, N, K): packed codes and row scales.
+// Random INT4 weights for E experts (E, N, K): codes uniform over the whole range [-8, 7] (-8 included,
+// which a checkpoint may hold although nibble's quantizer never writes it) and random row scales.
 struct HostInt4 {
   Tensor packed;  // I32 (E, N, K/8)
   Tensor scale;   // F32 (E, N)
 };
 
 HostInt4 random_int4(int64_t E, int64_t N, int64_t K, uint32_t seed) {
-  HostInt4 w{.packed = Tensor::zeros(DType::kI32, {E, N, K / 8}), .scale = Tensor::zeros(DType::kF32, {E, N})};
-  for (int64_t e = 0; e < E; ++e) {
-    const Int4Weight q = quantize_int4(random_f32({N, K}, seed + static_cast<uint32_t>(e), 0.02f));
-    std::memcpy(w.packed[e].raw(), q.packed.raw(), q.packed.nbytes());
-    std::memcpy(w.scale[e].raw(), q.scale.raw(), q.scale.nbytes());
-  }
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int> code(-8, 7);
+  std::uniform_real_distribution<float> scale(0.002f, 0.006f);
+  Tensor codes = Tensor::zeros(DType::kI8, {E * N, K});
+  for (int64_t i = 0; i < codes.numel(); ++i) codes.data<int8_t>()[i] = static_cast<int8_t>(code(rng));
+  HostInt4 w{.packed = pack_int4(codes).reshape({E, N, K / 8}), .scale = Tensor::zeros(DType::kF32, {E, N})};
+  for (int64_t i = 0; i < E * N; ++i) w.scale.data<float>()[i] = scale(rng);
   return w;
 }
 

@@ -1,0 +1,58 @@
+// Copy bandwidth and FP8 GEMM rate, measured the way the layer figures are (events, warm-up,
+// median).
+#include "ceilings.h"
+
+#include "device_buffer.h"
+#include "handles.h"
+#include "lt_fp8_gemm.h"
+#include "random_fill.h"
+#include "timing.h"
+
+namespace nibble::bench {
+namespace {
+
+constexpr int kWarmup = 3;
+constexpr std::size_t kLtWorkspaceBytes = std::size_t{32} << 20;
+
+double copy_bandwidth(int64_t bytes, int reps, cudaStream_t stream) {
+  const auto n = static_cast<std::size_t>(bytes);
+  DeviceBuffer src(n);
+  DeviceBuffer dst(n);
+  fill_uniform_bf16(src.get(), n / 2, 1.0f, 11, stream);
+  const auto body = [&] {
+    cuda_check(cudaMemcpyAsync(dst.get(), src.get(), n, cudaMemcpyDeviceToDevice, stream));
+  };
+  for (int i = 0; i < kWarmup; ++i) body();
+  const double us = median(time_each(body, stream, reps));
+  return 2.0 * static_cast<double>(bytes) / (us * 1e-6) / 1e9;
+}
+
+double fp8_gemm_rate(int64_t size, int reps, cudaStream_t stream) {
+  const auto elements = static_cast<std::size_t>(size * size);
+  DeviceBuffer a(elements);
+  DeviceBuffer b(elements);
+  DeviceBuffer d(elements * 2);
+  DeviceBuffer workspace(kLtWorkspaceBytes);
+  fill_uniform_fp8(a.get(), elements, 448.0f, 12, stream);
+  fill_uniform_fp8(b.get(), elements, 448.0f, 13, stream);
+
+  const LtHandle handle;
+  LtFp8Gemm gemm(handle.get(), size, size, size, kLtWorkspaceBytes);
+  const auto body = [&] { gemm.run(a.get(), b.get(), d.get(), 1.0f, workspace.get(), stream); };
+  for (int i = 0; i < kWarmup; ++i) body();
+  const double us = median(time_each(body, stream, reps));
+  const auto n = static_cast<double>(size);
+  return 2.0 * n * n * n / (us * 1e-6) / 1e12;
+}
+
+}  // namespace
+
+Ceilings measure_ceilings(int64_t copy_bytes, int64_t gemm_size, int reps) {
+  const Stream stream;
+  return Ceilings{.copy_gb_per_s = copy_bandwidth(copy_bytes, reps, stream.get()),
+                  .fp8_tflop_per_s = fp8_gemm_rate(gemm_size, reps, stream.get()),
+                  .copy_bytes = copy_bytes,
+                  .gemm_size = gemm_size};
+}
+
+}  // namespace nibble::bench

@@ -1,0 +1,43 @@
+// One cuBLASLt FP8 e4m3 GEMM shape, planned once (descriptors and the heuristic's first algorithm):
+//   D (n, m) row-major BF16 = alpha · B (n, k) · A (m, k)ᵀ, fp32 accumulation.
+// In cuBLASLt's column-major terms that is D (m×n) = op(A)·B with A stored k×m and transposed: the
+// "TN" layout FP8 requires. A is the weight (out_features m, in_features k) row-major, B the
+// activations (tokens n, k) row-major. k must be a multiple of 16.
+// A per-tensor weight scale travels as the host scalar alpha (baked into a captured graph), not as
+// CUBLASLT_MATMUL_DESC_A_SCALE_POINTER: with a scale pointer set after planning, cublasLtMatmul
+// answered CUBLAS_STATUS_NOT_SUPPORTED on an H200 with CUDA 13.0 (2026-11-29). For the same reason
+// run() moves on to the heuristic's next candidate when one is refused (decided on the first,
+// uncaptured call).
+#pragma once
+
+#include <cublasLt.h>
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace nibble::bench {
+
+class LtFp8Gemm {
+ public:
+  LtFp8Gemm(cublasLtHandle_t handle, int64_t m, int64_t n, int64_t k, std::size_t workspace_bytes);
+  ~LtFp8Gemm();
+  LtFp8Gemm(const LtFp8Gemm&) = delete;
+  LtFp8Gemm& operator=(const LtFp8Gemm&) = delete;
+
+  void run(const void* a, const void* b, void* d, float alpha, void* workspace,
+           cudaStream_t stream);
+
+ private:
+  cublasLtHandle_t handle_;
+  std::size_t workspace_bytes_;
+  cublasLtMatmulDesc_t desc_ = nullptr;
+  cublasLtMatrixLayout_t a_layout_ = nullptr;
+  cublasLtMatrixLayout_t b_layout_ = nullptr;
+  cublasLtMatrixLayout_t d_layout_ = nullptr;
+  std::vector<cublasLtMatmulAlgo_t> algos_;  // the heuristic's candidates, best first
+  std::size_t current_ = 0;                  // the first that cublasLtMatmul accepted
+};
+
+}  // namespace nibble::bench
