@@ -7,25 +7,34 @@
 namespace nibble::cuda {
 namespace {
 
+constexpr int kThreads = 128;
+
+// Grid (T, H / 512): each thread sums 4 consecutive columns over the top-k rows and the K splits.
 __global__ void combine_kernel(const __grid_constant__ CombineArgs p) {
   const int64_t t = blockIdx.x;
-  for (int64_t h = threadIdx.x; h < p.hidden; h += blockDim.x) {
-    float sum = 0.0f;
-    for (int64_t k = 0; k < p.top_k; ++k) {
-      const int64_t row = p.row_pos[t * p.top_k + k];
-      float y = 0.0f;
-      for (int64_t s = 0; s < p.splits; ++s) y += p.down[(s * p.max_rows + row) * p.hidden + h];
-      sum += p.topk_weights[t * p.top_k + k] * y;
+  const int64_t h4 = static_cast<int64_t>(blockIdx.y) * kThreads + threadIdx.x;  // column / 4
+  if (h4 >= p.hidden / 4) return;
+  float4 sum = {0.0f, 0.0f, 0.0f, 0.0f};
+  for (int64_t k = 0; k < p.top_k; ++k) {
+    const int64_t row = p.row_pos[t * p.top_k + k];
+    const float w = p.topk_weights[t * p.top_k + k];
+    for (int64_t s = 0; s < p.splits; ++s) {
+      const float4 y = reinterpret_cast<const float4*>(p.down + (s * p.max_rows + row) * p.hidden)[h4];
+      sum = {sum.x + w * y.x, sum.y + w * y.y, sum.z + w * y.z, sum.w + w * y.w};
     }
-    static_cast<__nv_bfloat16*>(p.out)[t * p.hidden + h] = __float2bfloat16_rn(sum);
   }
+  auto* out = reinterpret_cast<__nv_bfloat162*>(static_cast<__nv_bfloat16*>(p.out) + t * p.hidden + 4 * h4);
+  out[0] = __floats2bfloat162_rn(sum.x, sum.y);
+  out[1] = __floats2bfloat162_rn(sum.z, sum.w);
 }
 
 }  // namespace
 
 void moe_combine(const CombineArgs& p, cudaStream_t stream) {
   if (p.tokens == 0) return;
-  combine_kernel<<<static_cast<unsigned>(p.tokens), 256, 0, stream>>>(p);
+  check(p.hidden % 4 == 0, "moe_combine: hidden size ", p.hidden, " is not a multiple of 4");
+  const dim3 grid(static_cast<unsigned>(p.tokens), static_cast<unsigned>((p.hidden / 4 + kThreads - 1) / kThreads));
+  combine_kernel<<<grid, kThreads, 0, stream>>>(p);
   cuda_check(cudaGetLastError());
 }
 

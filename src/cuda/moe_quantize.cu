@@ -8,15 +8,24 @@
 namespace nibble::cuda {
 namespace {
 
-constexpr int kThreads = 256;
+constexpr int kThreads = 1024;  // one block a row: as many threads as can share the row's loads
 constexpr int64_t kMaxCols = 32768;
 
 __global__ void __launch_bounds__(kThreads) quantize_rows_kernel(const __grid_constant__ QuantizeRowsArgs p) {
   extern __shared__ float values[];
   __shared__ float reduce[32];
   const int64_t r = blockIdx.x;
-  const auto* x = static_cast<const __nv_bfloat16*>(p.x) + r * p.cols;
-  for (int64_t i = threadIdx.x; i < p.cols; i += blockDim.x) values[i] = __bfloat162float(x[i]);
+  const auto* x = reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(p.x) + r * p.cols);
+  for (int64_t i = threadIdx.x; i < p.cols / 8; i += blockDim.x) {  // 8 bf16 a load
+    const uint4 v = x[i];
+    const auto* h = reinterpret_cast<const __nv_bfloat162*>(&v);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float2 f = __bfloat1622float2(h[j]);
+      values[8 * i + 2 * j] = f.x;
+      values[8 * i + 2 * j + 1] = f.y;
+    }
+  }
   __syncthreads();
   quantize_row_fp8(values, p.cols, p.codes + r * p.cols, p.scale + r, p.sums + r * (p.cols / kRowBlock), reduce);
 }
@@ -30,14 +39,18 @@ __global__ void __launch_bounds__(kThreads) activation_kernel(const __grid_const
   extern __shared__ float values[];
   __shared__ float reduce[32];
   const int64_t r = blockIdx.x, I = p.intermediate;
-  for (int64_t i = threadIdx.x; i < I; i += blockDim.x) {
-    float gate = 0.0f, up = 0.0f;
+  for (int64_t i = threadIdx.x; i < I / 4; i += blockDim.x) {  // 4 columns a thread
+    float4 gate = {0.0f, 0.0f, 0.0f, 0.0f}, up = gate;
     for (int64_t s = 0; s < p.splits; ++s) {
-      const float* row = p.gate_up + (s * p.max_rows + r) * 2 * I;
-      gate += row[i];
-      up += row[I + i];
+      const auto* row = reinterpret_cast<const float4*>(p.gate_up + (s * p.max_rows + r) * 2 * I);
+      const float4 g = row[i], u = row[I / 4 + i];
+      gate = {gate.x + g.x, gate.y + g.y, gate.z + g.z, gate.w + g.w};
+      up = {up.x + u.x, up.y + u.y, up.z + u.z, up.w + u.w};
     }
-    values[i] = activate(p.activation, gate) * up;
+    values[4 * i] = activate(p.activation, gate.x) * up.x;
+    values[4 * i + 1] = activate(p.activation, gate.y) * up.y;
+    values[4 * i + 2] = activate(p.activation, gate.z) * up.z;
+    values[4 * i + 3] = activate(p.activation, gate.w) * up.w;
   }
   __syncthreads();
   quantize_row_fp8(values, I, p.codes + r * I, p.scale + r, p.sums + r * (I / kRowBlock), reduce);
