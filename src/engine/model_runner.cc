@@ -1,0 +1,66 @@
+// Flattening a step into a ForwardBatch and sampling.
+#include "engine/model_runner.h"
+
+#include <algorithm>
+
+namespace nibble {
+namespace {
+
+Tensor host_i32(const std::vector<int32_t>& values, Shape shape) {
+  Tensor t = Tensor::zeros(DType::kI32, std::move(shape));
+  std::copy(values.begin(), values.end(), t.data<int32_t>());
+  return t;
+}
+
+}  // namespace
+
+ModelRunner::ModelRunner(Model& model, int64_t num_blocks, int64_t block_size, KvCacheDType kv_dtype)
+    : model_(model), cache_(model.allocate_kv_cache(num_blocks, block_size, kv_dtype)) {}
+
+std::vector<int32_t> ModelRunner::run(const std::vector<ScheduledSeq>& step) {
+  if (step.empty()) return {};
+  const int64_t block_size = cache_.block_size;
+  std::vector<int32_t> ids, positions, slots, query_start{0}, seq_lens, rows;
+  std::size_t max_blocks = 1;
+  for (const ScheduledSeq& s : step) max_blocks = std::max(max_blocks, s.seq->block_table.size());
+  std::vector<int32_t> tables(step.size() * max_blocks, 0);
+  int64_t max_query = 0, max_len = 0;
+  for (std::size_t i = 0; i < step.size(); ++i) {
+    const Sequence& seq = *step[i].seq;
+    const int64_t begin = seq.num_computed_tokens, end = begin + step[i].new_tokens;
+    for (int64_t p = begin; p < end; ++p) {
+      ids.push_back(seq.tokens()[p]);
+      positions.push_back(static_cast<int32_t>(p));
+      slots.push_back(static_cast<int32_t>(seq.block_table[p / block_size] * block_size + p % block_size));
+    }
+    query_start.push_back(static_cast<int32_t>(ids.size()));
+    seq_lens.push_back(static_cast<int32_t>(end));
+    std::copy(seq.block_table.begin(), seq.block_table.end(), tables.begin() + static_cast<std::ptrdiff_t>(i * max_blocks));
+    if (step[i].samples) rows.push_back(static_cast<int32_t>(ids.size() - 1));
+    max_query = std::max(max_query, step[i].new_tokens);
+    max_len = std::max(max_len, end);
+  }
+  if (rows.empty()) rows.push_back(0);  // a step of prefill chunks only: logits of one row, unused
+  Ops& ops = model_.ops();
+  const auto T = static_cast<int64_t>(ids.size()), S = static_cast<int64_t>(step.size());
+  const ForwardBatch batch{.num_tokens = T,
+                           .num_seqs = S,
+                           .token_ids = ops.upload(host_i32(ids, {T})),
+                           .positions = ops.upload(host_i32(positions, {T})),
+                           .query_start = ops.upload(host_i32(query_start, {S + 1})),
+                           .seq_lens = ops.upload(host_i32(seq_lens, {S})),
+                           .block_tables = ops.upload(host_i32(tables, {S, static_cast<int64_t>(max_blocks)})),
+                           .slot_mapping = ops.upload(host_i32(slots, {T})),
+                           .logit_rows = ops.upload(host_i32(rows, {static_cast<int64_t>(rows.size())})),
+                           .max_query_len = max_query,
+                           .max_seq_len = max_len};
+  const Tensor logits = ops.download(model_.forward(batch, cache_));
+  std::vector<int32_t> sampled;
+  std::size_t r = 0;
+  const auto vocab = static_cast<std::size_t>(logits.dim(1));
+  for (const ScheduledSeq& s : step)
+    if (s.samples) sampled.push_back(s.seq->sampler.sample({logits.data<float>() + r++ * vocab, vocab}));
+  return sampled;
+}
+
+}  // namespace nibble

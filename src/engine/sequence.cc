@@ -1,0 +1,28 @@
+// Sequence construction and names.
+#include "engine/sequence.h"
+
+#include "core/error.h"
+
+namespace nibble {
+
+const char* finish_reason_name(FinishReason reason) {
+  switch (reason) {
+    case FinishReason::kStop: return "stop";
+    case FinishReason::kLength: return "length";
+    case FinishReason::kAbort: return "abort";
+    case FinishReason::kNone: return "";
+  }
+  return "";
+}
+
+Sequence::Sequence(int64_t id, std::vector<int32_t> prompt, RequestParams params)
+    : sampler(params.sampling),
+      id_(id),
+      tokens_(std::move(prompt)),
+      num_prompt_tokens_(static_cast<int64_t>(tokens_.size())),
+      params_(std::move(params)) {
+  check(!tokens_.empty(), "a request needs at least one prompt token");
+  check(params_.max_tokens >= 1, "max_tokens must be at least 1, got ", params_.max_tokens);
+}
+
+}  // namespace nibble

@@ -1,0 +1,52 @@
+// Sequence: one request's tokens and state as the engine schedules it. Its KV lives in the blocks of
+// `block_table`; the first `num_computed_tokens` tokens have KV in the cache.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "engine/sampler.h"
+
+namespace nibble {
+
+enum class SequenceStatus : uint8_t { kWaiting, kRunning, kFinished };
+enum class FinishReason : uint8_t { kNone, kStop, kLength, kAbort };
+
+const char* finish_reason_name(FinishReason reason);  // "stop", "length", "abort"
+
+struct RequestParams {
+  SamplingParams sampling;
+  int64_t max_tokens = 16;           // new tokens to generate at most
+  std::vector<int64_t> stop_token_ids;  // finish (reason stop) when one is sampled
+  bool ignore_eos = false;
+};
+
+class Sequence {
+ public:
+  Sequence(int64_t id, std::vector<int32_t> prompt, RequestParams params);
+
+  int64_t id() const { return id_; }
+  const RequestParams& params() const { return params_; }
+  SequenceStatus status = SequenceStatus::kWaiting;
+  FinishReason finish_reason = FinishReason::kNone;
+
+  const std::vector<int32_t>& tokens() const { return tokens_; }  // prompt then generated
+  int64_t num_tokens() const { return static_cast<int64_t>(tokens_.size()); }
+  int64_t num_prompt_tokens() const { return num_prompt_tokens_; }
+  int64_t num_generated() const { return num_tokens() - num_prompt_tokens_; }
+  int32_t last_token() const { return tokens_.back(); }
+  void append(int32_t token) { tokens_.push_back(token); }
+
+  std::vector<int32_t> block_table;  // KV block ids, in order
+  int64_t num_computed_tokens = 0;   // tokens whose KV is in the cache
+  Sampler sampler;                   // per sequence, so batching never changes a seeded sample
+
+ private:
+  int64_t id_;
+  std::vector<int32_t> tokens_;
+  int64_t num_prompt_tokens_;
+  RequestParams params_;
+};
+
+}  // namespace nibble
