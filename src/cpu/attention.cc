@@ -1,4 +1,5 @@
-// CpuOps: rotary embedding, KV-cache write and causal paged attention (GQA, BF16 or FP8 cache).
+// CpuOps: rotary embedding, KV-cache write and causal paged attention (GQA, BF16 or FP8 cache,
+// optional logit soft-cap).
 #include <cmath>
 #include <vector>
 
@@ -84,6 +85,7 @@ void CpuOps::attention(const Tensor& qkv, KvCacheLayer& cache, KvCacheDType cach
           float dot = 0.0f;
           for (int64_t d = 0; d < D; ++d) dot += q[d] * load(cache_dtype, cache.k.raw(), base + d);
           scores[j] = dot * k_scale * p.softmax_scale;
+          if (p.logit_softcap > 0.0f) scores[j] = p.logit_softcap * std::tanh(scores[j] / p.logit_softcap);
           max_score = std::max(max_score, scores[j]);
         }
         float sum = 0.0f;

@@ -1,4 +1,4 @@
-// CpuOps: memory, embedding, RMSNorm, residual add, linear layers and logits.
+// CpuOps: memory, embedding, RMSNorm, residual add, scaling, linear layers and logits.
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -46,6 +46,11 @@ void CpuOps::rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& 
 void CpuOps::add(Tensor& x, const Tensor& y) {
   check(x.numel() == y.numel(), "add: ", x.describe(), " vs ", y.describe());
   for (int64_t i = 0; i < x.numel(); ++i) x.data<float>()[i] += y.data<float>()[i];
+}
+
+void CpuOps::scale(Tensor& x, float factor) {
+  expect(x, DType::kF32, x.shape(), "scale input");
+  for (int64_t i = 0; i < x.numel(); ++i) x.data<float>()[i] *= factor;
 }
 
 void CpuOps::linear(const Tensor& x, const Linear& w, Tensor& out) {

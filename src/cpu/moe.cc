@@ -1,6 +1,7 @@
-// CpuOps: the MoE layer. Router in fp32 over BF16 weights, softmax, top-k (ties to the lower expert
-// index), optional renormalization; then per expert its tokens go through gate_up, activation · up and
-// down (each a CPU GEMM twin), and are summed back in token order weighted by their routing weight.
+// CpuOps: the MoE layer. Router in fp32 over BF16 weights, optional logit soft-cap, softmax, top-k
+// (ties to the lower expert index), optional renormalization; then per expert its tokens go through
+// gate_up, activation · up and down (each a CPU GEMM twin), and are summed back in token order
+// weighted by their routing weight.
 #include <algorithm>
 #include <cmath>
 #include <numeric>
@@ -24,8 +25,15 @@ WeightView expert_view(const Tensor& stacked, const Tensor& scale, WeightFormat 
 }
 
 float activate(Activation act, float x) {
-  if (act == Activation::kSilu) return x / (1.0f + std::exp(-x));
-  return 0.5f * x * (1.0f + std::erf(x / std::sqrt(2.0f)));  // exact GELU
+  switch (act) {
+    case Activation::kSilu: return x / (1.0f + std::exp(-x));
+    case Activation::kGelu: return 0.5f * x * (1.0f + std::erf(x / std::sqrt(2.0f)));
+    case Activation::kGeluTanh: {
+      constexpr float kSqrt2OverPi = 0.7978845608028654f;
+      return 0.5f * x * (1.0f + std::tanh(kSqrt2OverPi * (x + 0.044715f * x * x * x)));
+    }
+  }
+  return x;
 }
 
 }  // namespace
@@ -46,6 +54,8 @@ void CpuOps::moe(const Tensor& x, const MoeWeights& w, const MoeParams& params, 
   std::vector<int64_t> order(E);
   for (int64_t t = 0; t < T; ++t) {
     float* logit = &router_logits[t * E];
+    if (params.router_softcap > 0.0f)
+      for (int64_t e = 0; e < E; ++e) logit[e] = params.router_softcap * std::tanh(logit[e] / params.router_softcap);
     const float max_logit = *std::max_element(logit, logit + E);
     float sum = 0.0f;
     for (int64_t e = 0; e < E; ++e) sum += logit[e] = std::exp(logit[e] - max_logit);

@@ -1,6 +1,7 @@
 // Block-level per-row FP8 quantization shared by the kernels that produce GEMM inputs: given a row's
 // fp32 values in shared memory, writes its FP8 codes, its scale max(amax, 1e-12) / 448 and the sums of
-// the FP8 values per 64-wide block (the grouped GEMM's offset correction). Same rounding as the CPU
+// the FP8 values per 64-wide block (the grouped GEMM's offset correction). A static scale, when given,
+// replaces the dynamic one. Same rounding as the CPU
 // twin (quant/fp8_quant.h): x / scale rounded to nearest even, saturating.
 #pragma once
 
@@ -14,7 +15,8 @@ inline constexpr int kRowBlock = 64;  // must equal kGemmKBlock
 
 // All threads of the block call this; `values` holds `cols` floats (cols % 64 == 0).
 __device__ inline void quantize_row_fp8(const float* values, int64_t cols, uint8_t* codes, float* scale_out,
-                                        float* sums, float* reduce /* smem, 32 floats */) {
+                                        float* sums, float* reduce /* smem, 32 floats */,
+                                        float static_scale = 0.0f) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
   float amax = 0.0f;
   for (int64_t i = threadIdx.x; i < cols; i += blockDim.x) amax = fmaxf(amax, fabsf(values[i]));
@@ -24,7 +26,7 @@ __device__ inline void quantize_row_fp8(const float* values, int64_t cols, uint8
   if (threadIdx.x == 0) {
     float m = 0.0f;
     for (int w = 0; w < warps; ++w) m = fmaxf(m, reduce[w]);
-    reduce[0] = fmaxf(m, 1e-12f) / 448.0f;
+    reduce[0] = static_scale > 0.0f ? static_scale : fmaxf(m, 1e-12f) / 448.0f;
   }
   __syncthreads();
   const float scale = reduce[0];

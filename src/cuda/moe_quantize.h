@@ -18,6 +18,7 @@ struct QuantizeRowsArgs {
   float* sums;       // (rows, cols / 64)
   int64_t rows;
   int64_t cols;
+  float static_scale = 0.0f;  // > 0: this per-tensor scale (values beyond ±448·scale saturate)
 };
 
 void quantize_rows_fp8(const QuantizeRowsArgs& args, cudaStream_t stream);

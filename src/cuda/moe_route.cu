@@ -36,7 +36,7 @@ __global__ void router_logits_kernel(const __grid_constant__ RouteArgs p) {
   if (lane == 0) p.logits[t * p.experts + e] = sum;
 }
 
-// One warp per token: softmax over E, then K rounds of a warp-wide argmax.
+// One warp per token: optional soft-cap, softmax over E, then K rounds of a warp-wide argmax.
 __global__ void topk_kernel(const __grid_constant__ RouteArgs p) {
   constexpr int kPerLane = kMaxExperts / 32;
   const int64_t t = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
@@ -48,6 +48,7 @@ __global__ void topk_kernel(const __grid_constant__ RouteArgs p) {
   for (int i = 0; i < kPerLane; ++i) {
     const int64_t e = i * 32 + lane;
     prob[i] = e < p.experts ? p.logits[t * p.experts + e] : -FLT_MAX;
+    if (p.softcap > 0.0f && e < p.experts) prob[i] = p.softcap * tanhf(prob[i] / p.softcap);
     max_logit = fmaxf(max_logit, prob[i]);
   }
   for (int o = 16; o > 0; o /= 2) max_logit = fmaxf(max_logit, __shfl_xor_sync(0xFFFFFFFFu, max_logit, o));

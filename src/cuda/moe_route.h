@@ -1,6 +1,6 @@
-// MoE routing on the GPU: router logits, softmax, top-k (ties to the lower expert id, as the CPU
-// twin), optional renormalization; then the grouping of (token, k) pairs by expert that the grouped
-// GEMM reads. Up to 512 experts and top-k 16.
+// MoE routing on the GPU: router logits, optional soft-cap, softmax, top-k (ties to the lower expert
+// id, as the CPU twin), optional renormalization; then the grouping of (token, k) pairs by expert
+// that the grouped GEMM reads. Up to 512 experts and top-k 16.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -25,6 +25,7 @@ struct RouteArgs {
   int64_t experts;
   int64_t top_k;
   RouterNorm norm;
+  float softcap;  // logits become softcap·tanh(logit / softcap) before the softmax; 0 = off
 };
 
 void route_topk(const RouteArgs& args, cudaStream_t stream);

@@ -1,8 +1,9 @@
-// config.json -> ModelConfig for the architectures nibble runs (Mixtral so far). Fields nibble
+// config.json -> ModelConfig for the architectures nibble runs (Mixtral, Grok-1). Fields nibble
 // reads are type- and range-checked; fields that would change the numerics in a way nibble does not
 // implement (sliding windows, RoPE scaling, other activations) are refused; the rest are ignored.
 #include "format/model_config.h"
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <sstream>
@@ -16,7 +17,7 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-constexpr const char* kSupportedModelTypes = "mixtral";
+constexpr const char* kSupportedModelTypes = "mixtral, grok-1";
 
 std::string brief(const json& value) {
   constexpr std::size_t kMaxChars = 60;
@@ -65,6 +66,20 @@ class Fields {
     if (value == nullptr) return fallback;
     if (!value->is_number() || !std::isfinite(value->get<double>()) || value->get<double>() <= 0)
       fail_field(key, cat("must be a positive number, got ", brief(*value)));
+    return value->get<double>();
+  }
+
+  double positive_number(const char* key) const {
+    if (find(key) == nullptr)
+      fail_field(key, object_.contains(key) ? "must not be null" : "is missing");
+    return positive_number_or(key, 0.0);
+  }
+
+  double non_negative_number_or(const char* key, double fallback) const {
+    const json* value = find(key);
+    if (value == nullptr) return fallback;
+    if (!value->is_number() || !std::isfinite(value->get<double>()) || value->get<double>() < 0)
+      fail_field(key, cat("must be a non-negative number, got ", brief(*value)));
     return value->get<double>();
   }
 
@@ -134,7 +149,7 @@ std::optional<double> parse_rope_block(const Fields& fields, const char* key) {
   return inner.positive_number_or("rope_theta", 0.0);
 }
 
-double parse_rope_theta(const Fields& fields) {
+double parse_rope_theta(const Fields& fields, double fallback) {
   const auto top = fields.find("rope_theta")
                        ? std::optional(fields.positive_number_or("rope_theta", 0))
                        : std::nullopt;
@@ -144,7 +159,7 @@ double parse_rope_theta(const Fields& fields) {
   if (top && nested && *top != *nested)
     fail(fields.source(), ": \"rope_theta\" (", *top, ") and \"rope_parameters.rope_theta\" (",
          *nested, ") disagree");
-  return top ? *top : nested.value_or(1e6);  // 1e6 is transformers' MixtralConfig default
+  return top ? *top : nested.value_or(fallback);
 }
 
 void parse_token_ids(const Fields& fields, ModelConfig& config) {
@@ -160,10 +175,30 @@ void parse_token_ids(const Fields& fields, ModelConfig& config) {
   }
 }
 
-void check_unsupported(const Fields& fields, const ModelConfig& config) {
-  const std::string act = fields.string("hidden_act").value_or("silu");
-  if (act != "silu")
-    fields.fail_field("hidden_act", cat(quote_text(act), " is not supported (supported: silu)"));
+// `hidden_act`: one of the names in `supported` (see kActivations), or `fallback` when absent.
+HiddenAct parse_hidden_act(const Fields& fields, const std::vector<std::string>& supported,
+                           HiddenAct fallback) {
+  struct Named {
+    const char* name;
+    HiddenAct act;
+  };
+  // transformers' names: "gelu" is the exact (erf) GELU; the other two are its tanh approximation.
+  static constexpr Named kActivations[] = {{"silu", HiddenAct::kSilu},
+                                           {"gelu", HiddenAct::kGelu},
+                                           {"gelu_pytorch_tanh", HiddenAct::kGeluTanh},
+                                           {"gelu_new", HiddenAct::kGeluTanh}};
+  const auto name = fields.string("hidden_act");
+  if (!name) return fallback;
+  const bool allowed = std::find(supported.begin(), supported.end(), *name) != supported.end();
+  for (const Named& a : kActivations)
+    if (allowed && *name == a.name) return a.act;
+  std::string list;
+  for (const std::string& s : supported) list += (list.empty() ? "" : ", ") + s;
+  fields.fail_field("hidden_act",
+                    cat(quote_text(*name), " is not supported (supported: ", list, ")"));
+}
+
+void check_sliding_window(const Fields& fields, const ModelConfig& config) {
   // A window at least as long as the context never takes effect, so it is harmless.
   if (fields.find("sliding_window") &&
       fields.positive_int("sliding_window") < config.max_position_embeddings)
@@ -171,10 +206,9 @@ void check_unsupported(const Fields& fields, const ModelConfig& config) {
                       "is not supported (sliding-window attention); it must be null");
 }
 
-ModelConfig parse_mixtral(const Fields& fields) {
+// The shapes and the fields every architecture reads. `experts_key` names the expert count.
+ModelConfig parse_common(const Fields& fields, const char* experts_key, double default_rope_theta) {
   ModelConfig config;
-  config.architecture = Architecture::kMixtral;
-  config.model_type = "mixtral";
   config.vocab_size = fields.positive_int("vocab_size");
   config.hidden_size = fields.positive_int("hidden_size");
   config.intermediate_size = fields.positive_int("intermediate_size");
@@ -182,7 +216,7 @@ ModelConfig parse_mixtral(const Fields& fields) {
   config.num_attention_heads = fields.positive_int("num_attention_heads");
   config.num_key_value_heads =
       fields.positive_int_or("num_key_value_heads", config.num_attention_heads);
-  config.num_local_experts = fields.positive_int("num_local_experts");
+  config.num_local_experts = fields.positive_int(experts_key);
   config.num_experts_per_tok = fields.positive_int("num_experts_per_tok");
   config.max_position_embeddings = fields.positive_int("max_position_embeddings");
 
@@ -191,8 +225,8 @@ ModelConfig parse_mixtral(const Fields& fields) {
         ": \"num_attention_heads\" (", config.num_attention_heads,
         ") must be a multiple of \"num_key_value_heads\" (", config.num_key_value_heads, ")");
   check(config.num_experts_per_tok <= config.num_local_experts, source,
-        ": \"num_experts_per_tok\" (", config.num_experts_per_tok,
-        ") exceeds \"num_local_experts\" (", config.num_local_experts, ")");
+        ": \"num_experts_per_tok\" (", config.num_experts_per_tok, ") exceeds \"", experts_key,
+        "\" (", config.num_local_experts, ")");
   if (fields.find("head_dim")) {
     config.head_dim = fields.positive_int("head_dim");
   } else {
@@ -203,7 +237,7 @@ ModelConfig parse_mixtral(const Fields& fields) {
   }
 
   config.rms_norm_eps = fields.positive_number_or("rms_norm_eps", 1e-5);
-  config.rope_theta = parse_rope_theta(fields);
+  config.rope_theta = parse_rope_theta(fields, default_rope_theta);
   config.tie_word_embeddings = fields.boolean_or("tie_word_embeddings", false);
   config.dtype = parse_dtype(fields);
   parse_token_ids(fields, config);
@@ -213,8 +247,76 @@ ModelConfig parse_mixtral(const Fields& fields) {
                         cat("must be an object, got ", brief(*quantization)));
     config.quantization_config = *quantization;
   }
-  check_unsupported(fields, config);
+  check_sliding_window(fields, config);
   return config;
+}
+
+ModelConfig parse_mixtral(const Fields& fields) {
+  // 1e6 is transformers' MixtralConfig default rope_theta.
+  ModelConfig config = parse_common(fields, "num_local_experts", 1e6);
+  config.architecture = Architecture::kMixtral;
+  config.hidden_act = parse_hidden_act(fields, {"silu"}, HiddenAct::kSilu);
+  return config;
+}
+
+// hpcai-tech's Grok1Config says num_experts, SGLang's configs num_local_experts.
+const char* grok1_experts_key(const Fields& fields) {
+  const bool local = fields.find("num_local_experts"), plain = fields.find("num_experts");
+  if (local && plain &&
+      fields.positive_int("num_local_experts") != fields.positive_int("num_experts"))
+    fail(fields.source(), ": \"num_local_experts\" and \"num_experts\" disagree");
+  if (!local && !plain)
+    fail(fields.source(), ": \"num_local_experts\" (or \"num_experts\") is missing");
+  return local ? "num_local_experts" : "num_experts";
+}
+
+// Grok-1 as xai-org/grok-1's model.py computes it (README.md, "Grok-1", says why each default).
+ModelConfig parse_grok1(const Fields& fields) {
+  ModelConfig config = parse_common(fields, grok1_experts_key(fields), 1e4);  // model.py: base 1e4
+  config.architecture = Architecture::kGrok1;
+  config.hidden_act =
+      parse_hidden_act(fields, {"gelu_pytorch_tanh", "gelu_new", "gelu"}, HiddenAct::kGeluTanh);
+  config.norm_placement = NormPlacement::kSandwich;
+  config.norm_topk_prob = fields.boolean_or("norm_topk_prob", false);
+  config.embedding_multiplier_scale = fields.positive_number("embedding_multiplier_scale");
+  config.output_multiplier_scale = fields.positive_number("output_multiplier_scale");
+  if (fields.find("attn_output_multiplier"))
+    config.attn_output_multiplier = fields.positive_number("attn_output_multiplier");
+  // hpcai-tech's name, then SGLang's; model.py hard-codes 30.
+  const double max_attn_value = fields.non_negative_number_or("max_attn_value", 30.0);
+  const double softcap = fields.non_negative_number_or("attn_logit_softcapping", max_attn_value);
+  if (fields.find("max_attn_value") && softcap != max_attn_value)
+    fail(fields.source(), ": \"max_attn_value\" (", max_attn_value,
+         ") and \"attn_logit_softcapping\" (", softcap, ") disagree");
+  config.attn_logit_softcapping = softcap;
+  config.router_logit_softcapping = fields.non_negative_number_or("router_logit_softcapping", 0.0);
+
+  // Grok-2's additions to the same model class, which nibble does not implement.
+  if (fields.boolean_or("residual_moe", false))
+    fields.fail_field("residual_moe", "is not supported (a dense MLP beside the experts)");
+  if (fields.non_negative_number_or("final_logit_softcapping", 0.0) > 0)
+    fields.fail_field("final_logit_softcapping", "is not supported");
+  const json* temperature_len = fields.find("attn_temperature_len");  // SGLang: -1 = off
+  if (temperature_len && !(temperature_len->is_number() && temperature_len->get<double>() <= 0))
+    fields.fail_field("attn_temperature_len", "is not supported");
+  if (fields.find("rope_type"))
+    fields.fail_field("rope_type", "is not supported (only default RoPE)");
+  return config;
+}
+
+// SGLang picks the model by its class in `architectures`, and its example Grok-1 configs pair
+// Grok1ModelForCausalLM with model_type "mixtral"; a Grok-1 class therefore wins over model_type.
+bool names_grok1_class(const Fields& fields) {
+  const json* classes = fields.find("architectures");
+  if (classes == nullptr) return false;
+  if (!classes->is_array())
+    fields.fail_field("architectures", cat("must be a list of strings, got ", brief(*classes)));
+  for (const json& name : *classes) {
+    if (!name.is_string())
+      fields.fail_field("architectures", cat("must be a list of strings, got ", brief(*classes)));
+    if (name == "Grok1ModelForCausalLM" || name == "Grok1ForCausalLM") return true;
+  }
+  return false;
 }
 
 }  // namespace
@@ -226,7 +328,16 @@ ModelConfig parse_model_config(const json& config, const std::string& source) {
     const auto model_type = fields.string("model_type");
     check(model_type.has_value(), source,
           ": \"model_type\" is missing (supported: ", kSupportedModelTypes, ")");
-    if (*model_type == "mixtral") return parse_mixtral(fields);
+    if (*model_type == "grok-1" || names_grok1_class(fields)) {
+      ModelConfig config = parse_grok1(fields);
+      config.model_type = *model_type;
+      return config;
+    }
+    if (*model_type == "mixtral") {
+      ModelConfig config = parse_mixtral(fields);
+      config.model_type = *model_type;
+      return config;
+    }
     fail(source, ": model_type ", quote_text(*model_type),
          " is not supported (supported: ", kSupportedModelTypes, ")");
   } catch (const json::exception& e) {  // a type nibble did not anticipate: still one clean line

@@ -1,4 +1,5 @@
-// Checkpoint -> ModelWeights for the Mixtral tensor names, with online quantization.
+// Checkpoint -> ModelWeights for the Mixtral and Grok-1 tensor names, with online quantization.
+// The architectures share every name but those of their layers' norms (norm_names).
 #include "model/loader.h"
 
 #include <cstring>
@@ -30,15 +31,18 @@ struct Reader {
     return t;
   }
 
-  Tensor bf16(const std::string& name, const Shape& shape) {
+  // The tensor as BF16, on the CPU.
+  Tensor bf16_host(const std::string& name, const Shape& shape) {
     Tensor t = get(name, shape);
     if (t.dtype() != DType::kBF16) {
       const Tensor f = to_f32(t);
       t = Tensor::zeros(DType::kBF16, shape);
       for (int64_t i = 0; i < f.numel(); ++i) t.data<Bf16>()[i] = float_to_bf16(f.data<float>()[i]);
     }
-    return ops.upload(t);
+    return t;
   }
+
+  Tensor bf16(const std::string& name, const Shape& shape) { return ops.upload(bf16_host(name, shape)); }
 };
 
 // Stacks 2-D CPU tensors with equal column counts along their rows.
@@ -110,6 +114,26 @@ Linear fused_linear(const std::vector<Tensor>& parts, WeightFormat format, Ops& 
   return linear;
 }
 
+// The names of a layer's norms under model.layers.{i}.; nullptr where the architecture has none.
+struct NormNames {
+  const char* pre_attn;
+  const char* post_attn;
+  const char* pre_moe;
+  const char* post_moe;
+};
+
+NormNames norm_names(Architecture architecture) {
+  switch (architecture) {
+    case Architecture::kMixtral:
+      return {.pre_attn = "input_layernorm", .post_attn = nullptr,
+              .pre_moe = "post_attention_layernorm", .post_moe = nullptr};
+    case Architecture::kGrok1:
+      return {.pre_attn = "pre_attn_norm", .post_attn = "post_attn_norm",
+              .pre_moe = "pre_moe_norm", .post_moe = "post_moe_norm"};
+  }
+  fail("unreachable architecture");
+}
+
 }  // namespace
 
 std::optional<Quantization> quantization_from_name(std::string_view name) {
@@ -147,16 +171,23 @@ ModelWeights load_weights(const Checkpoint& checkpoint, const ModelConfig& c,
                                                                                       : WeightFormat::kBf16;
   const int64_t H = c.hidden_size, I = c.intermediate_size, E = c.num_local_experts, D = c.head_dim;
   const int64_t V = c.vocab_size;
+  const NormNames norms = norm_names(c.architecture);
+  const int64_t layer_norms = 2 + (norms.post_attn ? 1 : 0) + (norms.post_moe ? 1 : 0);
   Reader r{.checkpoint = checkpoint, .ops = ops, .progress = progress, .done = 0,
-           .total = 3 + c.num_hidden_layers * (7 + 3 * E) - (c.tie_word_embeddings ? 1 : 0)};
+           .total = 3 + c.num_hidden_layers * (layer_norms + 5 + 3 * E) - (c.tie_word_embeddings ? 1 : 0)};
 
   ModelWeights w;
   w.embed_tokens = r.bf16("model.embed_tokens.weight", {V, H});
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
     const std::string p = cat("model.layers.", i, ".");
+    const auto norm = [&](const char* name) {
+      return name ? r.bf16(cat(p, name, ".weight"), {H}) : Tensor();
+    };
     LayerWeights layer;
-    layer.input_layernorm = r.bf16(p + "input_layernorm.weight", {H});
-    layer.post_attention_layernorm = r.bf16(p + "post_attention_layernorm.weight", {H});
+    layer.pre_attn_norm = norm(norms.pre_attn);
+    layer.post_attn_norm = norm(norms.post_attn);
+    layer.pre_moe_norm = norm(norms.pre_moe);
+    layer.post_moe_norm = norm(norms.post_moe);
     const std::string a = p + "self_attn.";
     layer.attention.qkv_proj =
         fused_linear({r.get(a + "q_proj.weight", {c.num_attention_heads * D, H}),
@@ -167,7 +198,7 @@ ModelWeights load_weights(const Checkpoint& checkpoint, const ModelConfig& c,
         fused_linear({r.get(a + "o_proj.weight", {H, c.num_attention_heads * D})}, attention_format, ops);
 
     const std::string m = p + "block_sparse_moe.";
-    layer.moe.router = r.bf16(m + "gate.weight", {E, H});
+    MoeWeights moe{.router = r.bf16_host(m + "gate.weight", {E, H}), .experts = {}};
     std::vector<Tensor> gate_up, gate_up_scale, down, down_scale;
     for (int64_t e = 0; e < E; ++e) {
       const std::string x = cat(m, "experts.", e, ".");
@@ -181,16 +212,17 @@ ModelWeights load_weights(const Checkpoint& checkpoint, const ModelConfig& c,
         down_scale.push_back(w2.scale);
       }
     }
-    Experts& ex = layer.moe.experts;
+    Experts& ex = moe.experts;
     ex = {.format = expert_format, .num_experts = E, .hidden_size = H, .intermediate_size = I,
-          .gate_up = ops.upload(concat_rows(gate_up).reshape({E, 2 * I, -1})),
+          .gate_up = concat_rows(gate_up).reshape({E, 2 * I, -1}),
           .gate_up_scale = {},
-          .down = ops.upload(concat_rows(down).reshape({E, H, -1})),
+          .down = concat_rows(down).reshape({E, H, -1}),
           .down_scale = {}};
     if (expert_format != WeightFormat::kBf16) {
-      ex.gate_up_scale = ops.upload(concat_rows(gate_up_scale).reshape({E, 2 * I}));
-      ex.down_scale = ops.upload(concat_rows(down_scale).reshape({E, H}));
+      ex.gate_up_scale = concat_rows(gate_up_scale).reshape({E, 2 * I});
+      ex.down_scale = concat_rows(down_scale).reshape({E, H});
     }
+    layer.moe = ops.prepare_moe(moe);
     w.layers.push_back(std::move(layer));
   }
   w.norm = r.bf16("model.norm.weight", {H});

@@ -1,9 +1,26 @@
-// The MoE transformer forward pass (Mixtral): pre-norm attention and MoE blocks with residuals.
+// The MoE transformer forward pass, once for every architecture: attention and MoE blocks with
+// residuals, pre-norms (Mixtral) or pre- and post-norms (Grok-1), with the scales, soft-caps and
+// activation that ModelConfig names.
 #include "model/model.h"
 
 #include <cmath>
 
 namespace nibble {
+namespace {
+
+Activation activation_of(HiddenAct act) {
+  switch (act) {
+    case HiddenAct::kSilu:
+      return Activation::kSilu;
+    case HiddenAct::kGelu:
+      return Activation::kGelu;
+    case HiddenAct::kGeluTanh:
+      return Activation::kGeluTanh;
+  }
+  return Activation::kSilu;
+}
+
+}  // namespace
 
 Model::Model(ModelConfig config, ModelWeights weights, Ops& ops)
     : config_(std::move(config)), weights_(std::move(weights)), ops_(ops) {}
@@ -24,9 +41,14 @@ Tensor Model::forward(const ForwardBatch& batch, KvCache& cache) {
   const int64_t q_size = c.num_attention_heads * c.head_dim;
   const int64_t qkv_size = (c.num_attention_heads + 2 * c.num_key_value_heads) * c.head_dim;
   const auto eps = static_cast<float>(c.rms_norm_eps);
-  const MoeParams moe{.top_k = c.num_experts_per_tok,
-                      .router_norm = RouterNorm::kRenormalize,
-                      .activation = Activation::kSilu};
+  const auto softmax_scale = static_cast<float>(
+      c.attn_output_multiplier.value_or(1.0 / std::sqrt(static_cast<double>(c.head_dim))));
+  const MoeParams moe{
+      .top_k = c.num_experts_per_tok,
+      .router_norm = c.norm_topk_prob ? RouterNorm::kRenormalize : RouterNorm::kNone,
+      .activation = activation_of(c.hidden_act),
+      .router_softcap = static_cast<float>(c.router_logit_softcapping)};
+  const bool sandwich = c.norm_placement == NormPlacement::kSandwich;
 
   Tensor x = ops_.empty(act, {tokens, c.hidden_size});  // the residual stream
   Tensor h = ops_.empty(act, {tokens, c.hidden_size});
@@ -34,31 +56,45 @@ Tensor Model::forward(const ForwardBatch& batch, KvCache& cache) {
   Tensor qkv = ops_.empty(act, {tokens, qkv_size});
   Tensor attn = ops_.empty(act, {tokens, q_size});
 
+  // x += y, or x += post_norm(y) with sandwich norms.
+  const auto residual_add = [&](const Tensor& post_norm) {
+    if (sandwich) {
+      ops_.rms_norm(y, post_norm, eps, h);
+      ops_.add(x, h);
+    } else {
+      ops_.add(x, y);
+    }
+  };
+
   ops_.embedding(batch.token_ids, weights_.embed_tokens, x);
+  if (c.embedding_multiplier_scale != 1.0)
+    ops_.scale(x, static_cast<float>(c.embedding_multiplier_scale));
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
     const LayerWeights& layer = weights_.layers[i];
-    const AttentionParams attention{
-        .num_heads = c.num_attention_heads,
-        .num_kv_heads = c.num_key_value_heads,
-        .head_dim = c.head_dim,
-        .softmax_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim))),
-        .k_scale = layer.attention.k_scale,
-        .v_scale = layer.attention.v_scale};
+    const AttentionParams attention{.num_heads = c.num_attention_heads,
+                                    .num_kv_heads = c.num_key_value_heads,
+                                    .head_dim = c.head_dim,
+                                    .softmax_scale = softmax_scale,
+                                    .k_scale = layer.attention.k_scale,
+                                    .v_scale = layer.attention.v_scale,
+                                    .logit_softcap = static_cast<float>(c.attn_logit_softcapping)};
 
-    ops_.rms_norm(x, layer.input_layernorm, eps, h);
+    ops_.rms_norm(x, layer.pre_attn_norm, eps, h);
     ops_.linear(h, layer.attention.qkv_proj, qkv);
     ops_.rope(qkv, batch.positions, attention, c.rope_theta);
     ops_.attention(qkv, cache.layers[i], cache.dtype, batch, attention, attn);
     ops_.linear(attn, layer.attention.o_proj, y);
-    ops_.add(x, y);
+    residual_add(layer.post_attn_norm);
 
-    ops_.rms_norm(x, layer.post_attention_layernorm, eps, h);
+    ops_.rms_norm(x, layer.pre_moe_norm, eps, h);
     ops_.moe(h, layer.moe, moe, y);
-    ops_.add(x, y);
+    residual_add(layer.post_moe_norm);
   }
   ops_.rms_norm(x, weights_.norm, eps, h);
   Tensor logits = ops_.empty(DType::kF32, {batch.logit_rows.dim(0), c.vocab_size});
   ops_.logits(h, batch.logit_rows, weights_.lm_head, logits);
+  if (c.output_multiplier_scale != 1.0)
+    ops_.scale(logits, static_cast<float>(c.output_multiplier_scale));
   return logits;
 }
 

@@ -14,13 +14,16 @@
 
 namespace nibble {
 
-enum class Activation : uint8_t { kSilu, kGelu };
+// The expert activation applied to the gate: SiLU, exact (erf) GELU, or GELU's tanh approximation
+// 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))).
+enum class Activation : uint8_t { kSilu, kGelu, kGeluTanh };
 enum class RouterNorm : uint8_t { kRenormalize, kNone };  // rescale the top-k weights to sum to one
 
 struct MoeParams {
   int64_t top_k = 2;
   RouterNorm router_norm = RouterNorm::kRenormalize;
   Activation activation = Activation::kSilu;
+  float router_softcap = 0.0f;  // router logits become cap·tanh(logit / cap) before the softmax; 0 = off
 };
 
 struct AttentionParams {
@@ -30,6 +33,7 @@ struct AttentionParams {
   float softmax_scale = 0.0f;  // usually 1 / sqrt(head_dim)
   float k_scale = 1.0f;        // FP8 KV-cache scales of this layer
   float v_scale = 1.0f;
+  float logit_softcap = 0.0f;  // scaled logits become cap·tanh(logit / cap) before the softmax; 0 = off
 };
 
 class Ops {
@@ -43,6 +47,9 @@ class Ops {
   virtual Tensor empty(DType dtype, Shape shape) = 0;
   virtual Tensor upload(const Tensor& host) = 0;
   virtual Tensor download(const Tensor& device_tensor) = 0;
+  // Puts a layer's MoE weights (CPU tensors, the formats of weights.h) on the device in the layout
+  // this backend's `moe` reads; by default each tensor is uploaded as it is. The loader calls it.
+  virtual MoeWeights prepare_moe(const MoeWeights& host);
 
   // out (T, H) = table[ids] for ids (T) I32 and table (V, H) BF16.
   virtual void embedding(const Tensor& ids, const Tensor& table, Tensor& out) = 0;
@@ -50,6 +57,8 @@ class Ops {
   virtual void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) = 0;
   // x (T, H) += y (T, H).
   virtual void add(Tensor& x, const Tensor& y) = 0;
+  // x *= factor, for x in the activation dtype or F32 (logits), any shape.
+  virtual void scale(Tensor& x, float factor) = 0;
   // out (T, out_features) = x (T, in_features) · Wᵀ; quantized formats quantize x to FP8 first.
   virtual void linear(const Tensor& x, const Linear& w, Tensor& out) = 0;
   // out (R, N) F32 = rows `rows` (R) I32 of x (T, in) times Wᵀ: the lm_head on the rows that need logits.

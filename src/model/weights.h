@@ -55,9 +55,13 @@ struct MoeWeights {
   Experts experts;
 };
 
+// Mixtral's input_layernorm and post_attention_layernorm are pre_attn_norm and pre_moe_norm here;
+// the post norms (on each sublayer's output) exist only with NormPlacement::kSandwich (Grok-1).
 struct LayerWeights {
-  Tensor input_layernorm;           // BF16 (H)
-  Tensor post_attention_layernorm;  // BF16 (H)
+  Tensor pre_attn_norm;   // BF16 (H)
+  Tensor post_attn_norm;  // BF16 (H) or undefined
+  Tensor pre_moe_norm;    // BF16 (H)
+  Tensor post_moe_norm;   // BF16 (H) or undefined
   AttentionWeights attention;
   MoeWeights moe;
 };

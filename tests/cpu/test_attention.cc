@@ -1,5 +1,6 @@
-// CPU attention: hand-derived two-key case, GQA head mapping, and independence from where the
-// KV blocks sit (a shuffled block table gives the same output as an in-order one).
+// CPU attention: hand-derived two-key cases (plain and soft-capped), GQA head mapping, and
+// independence from where the KV blocks sit (a shuffled block table gives the same output as an
+// in-order one).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -59,6 +60,22 @@ TEST(CpuAttention, TwoKeysByHand) {
   // Token 1: scores (ln 3, 0) -> weights (3/4, 1/4): v = 0.75 (1, 2) + 0.25 (5, 6) = (2, 3).
   EXPECT_NEAR(out.data<float>()[2], 2.0f, 1e-5);
   EXPECT_NEAR(out.data<float>()[3], 3.0f, 1e-5);
+}
+
+TEST(CpuAttention, SoftCapByHand) {
+  // As TwoKeysByHand, with q scaled so that token 1's scores are (4, 0) · scale 0.5 = (2, 0), capped
+  // at 1.5: (1.5 tanh(4/3), 0).
+  const CacheSetup s{.params = {.num_heads = 1, .num_kv_heads = 1, .head_dim = 2, .softmax_scale = 0.5f,
+                                .logit_softcap = 1.5f},
+                     .block_size = 4, .num_blocks = 1};
+  Tensor qkv = Tensor::zeros(DType::kF32, {2, 6});
+  const float rows[12] = {0, 0, /*k*/ 1, 0, /*v*/ 1, 2,
+                          4, 0, /*k*/ 0, 0, /*v*/ 5, 6};
+  std::copy_n(rows, 12, qkv.data<float>());
+  const Tensor out = run(s, qkv, {0}, KvCacheDType::kBf16);
+  const double w0 = 1.0 / (1.0 + std::exp(-1.5 * std::tanh(4.0 / 3.0)));  // softmax of (c, 0)
+  EXPECT_NEAR(out.data<float>()[2], w0 * 1 + (1 - w0) * 5, 1e-5);
+  EXPECT_NEAR(out.data<float>()[3], w0 * 2 + (1 - w0) * 6, 1e-5);
 }
 
 TEST(CpuAttention, BlockPlacementDoesNotMatter) {

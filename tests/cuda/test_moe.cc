@@ -134,19 +134,25 @@ INSTANTIATE_TEST_SUITE_P(Shapes, MoeGemm,
 
 struct LayerCase {
   int64_t experts, hidden, inter, tokens, top_k;
+  // Mixtral's routing and activation unless given; Grok-1 cases add a router soft-cap (small, so
+  // that it bends these random logits) to its unnormalized weights and tanh GELU.
+  RouterNorm router_norm = RouterNorm::kRenormalize;
+  Activation activation = Activation::kSilu;
+  float router_softcap = 0.0f;
 };
 
 class MoeLayer : public ::testing::TestWithParam<LayerCase> {};
 
 TEST_P(MoeLayer, MatchesCpuTwin) {
   SKIP_WITHOUT_GPU();
-  const auto [E, H, I, T, top_k] = GetParam();
+  const auto [E, H, I, T, top_k, router_norm, activation, router_softcap] = GetParam();
   const HostInt4 gate_up = random_int4(E, 2 * I, H, 300), down = random_int4(E, H, I, 400);
   MoeWeights host{.router = to_bf16(random_f32({E, H}, 9, 0.05f)),
                   .experts = {.format = WeightFormat::kInt4, .num_experts = E, .hidden_size = H,
                               .intermediate_size = I, .gate_up = gate_up.packed, .gate_up_scale = gate_up.scale,
                               .down = down.packed, .down_scale = down.scale}};
-  const MoeParams params{.top_k = top_k, .router_norm = RouterNorm::kRenormalize, .activation = Activation::kSilu};
+  const MoeParams params{
+      .top_k = top_k, .router_norm = router_norm, .activation = activation, .router_softcap = router_softcap};
   const Tensor x_bf16 = to_bf16(random_f32({T, H}, 11));
 
   CpuOps cpu;
@@ -170,7 +176,11 @@ TEST_P(MoeLayer, MatchesCpuTwin) {
 INSTANTIATE_TEST_SUITE_P(Shapes, MoeLayer,
                          ::testing::Values(LayerCase{8, 2880, 1408, 1, 2}, LayerCase{8, 2880, 1408, 3, 2},
                                            LayerCase{8, 1024, 512, 64, 1}, LayerCase{64, 512, 256, 1000, 8},
-                                           LayerCase{256, 512, 128, 33, 8}, LayerCase{8, 1024, 14336, 8, 2}));
+                                           LayerCase{256, 512, 128, 33, 8}, LayerCase{8, 1024, 14336, 8, 2},
+                                           LayerCase{8, 1024, 512, 64, 2, RouterNorm::kNone,
+                                                     Activation::kGeluTanh, 2.0f},
+                                           LayerCase{8, 2048, 1024, 5, 2, RouterNorm::kNone,
+                                                     Activation::kGelu, 0.0f}));
 
 }  // namespace
 }  // namespace nibble

@@ -1,5 +1,5 @@
 // config.json parsing: Mixtral-8x7B's real config, the spellings newer transformers write, and
-// every refusal (each must name the field it refuses).
+// every refusal (each must name the field it refuses); the same for Grok-1's configs.
 #include <gtest/gtest.h>
 
 #include "format/model_config.h"
@@ -143,7 +143,7 @@ TEST(ModelConfig, QuantizationConfigKeptVerbatim) {
 
 TEST(ModelConfig, UnsupportedModelType) {
   EXPECT_EQ(test::error_of([] { parse(with(mixtral_8x7b(), "model_type", "llama")); }),
-            "config.json: model_type \"llama\" is not supported (supported: mixtral)");
+            "config.json: model_type \"llama\" is not supported (supported: mixtral, grok-1)");
   EXPECT_ERROR(parse(without(mixtral_8x7b(), "model_type")), "config.json",
                "\"model_type\" is missing");
   EXPECT_ERROR(parse(with(mixtral_8x7b(), "model_type", 3)), "\"model_type\" must be a string");
@@ -236,6 +236,174 @@ TEST(ModelConfig, UnsupportedFeatures) {
   EXPECT_ERROR(parse(with(mixtral_8x7b(), "rope_parameters",
                           {{"rope_type", "default"}, {"rope_theta", "x"}})),
                "\"rope_parameters.rope_theta\" must be a positive number");
+}
+
+// hpcai-tech/grok-1 config.json (its Grok1Config, transformers 4.35): num_experts, no head_dim,
+// no rope_theta, hpcai-tech's names for the attention multiplier and soft-cap.
+json grok1_hpcai() {
+  return json::parse(R"({
+    "architectures": ["Grok1ModelForCausalLM"],
+    "vocab_size": 131072,
+    "hidden_size": 6144,
+    "intermediate_size": 32768,
+    "num_hidden_layers": 64,
+    "num_attention_heads": 48,
+    "num_key_value_heads": 8,
+    "attn_output_multiplier": 0.08838834764831845,
+    "embedding_multiplier_scale": 78.38367176906169,
+    "output_multiplier_scale": 0.5773502691896257,
+    "max_attn_value": 30.0,
+    "max_position_embeddings": 8192,
+    "rms_norm_eps": 1e-5,
+    "use_cache": true,
+    "pad_token_id": 0,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "tie_word_embeddings": true,
+    "num_experts_per_tok": 2,
+    "num_experts": 8,
+    "output_router_logits": false,
+    "router_aux_loss_coef": 0.001,
+    "model_type": "grok-1",
+    "torch_dtype": "bfloat16",
+    "transformers_version": "4.35.0"
+  })");
+}
+
+// The config SGLang's own Grok-1 examples write: a Grok-1 class with model_type "mixtral".
+json grok1_sglang() {
+  return json::parse(R"({
+    "architectures": ["Grok1ModelForCausalLM"],
+    "embedding_multiplier_scale": 78.38367176906169,
+    "output_multiplier_scale": 0.5773502691896257,
+    "vocab_size": 131072,
+    "hidden_size": 6144,
+    "intermediate_size": 32768,
+    "max_position_embeddings": 8192,
+    "num_experts_per_tok": 2,
+    "num_local_experts": 8,
+    "num_attention_heads": 48,
+    "num_hidden_layers": 64,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "rms_norm_eps": 1e-05,
+    "rope_theta": 10000.0,
+    "model_type": "mixtral",
+    "torch_dtype": "bfloat16"
+  })");
+}
+
+TEST(ModelConfig, Grok1Hpcai) {
+  const ModelConfig c = parse(grok1_hpcai());
+  EXPECT_EQ(c.architecture, Architecture::kGrok1);
+  EXPECT_EQ(c.model_type, "grok-1");
+  EXPECT_EQ(c.vocab_size, 131072);
+  EXPECT_EQ(c.hidden_size, 6144);
+  EXPECT_EQ(c.intermediate_size, 32768);
+  EXPECT_EQ(c.num_hidden_layers, 64);
+  EXPECT_EQ(c.num_attention_heads, 48);
+  EXPECT_EQ(c.num_key_value_heads, 8);
+  EXPECT_EQ(c.head_dim, 128);
+  EXPECT_EQ(c.num_local_experts, 8);
+  EXPECT_EQ(c.num_experts_per_tok, 2);
+  EXPECT_EQ(c.max_position_embeddings, 8192);
+  EXPECT_DOUBLE_EQ(c.rope_theta, 1e4);  // model.py's RoPE base; the config leaves it out
+  EXPECT_TRUE(c.tie_word_embeddings);
+  EXPECT_EQ(c.bos_token_id, 1);
+  EXPECT_EQ(c.eos_token_ids, std::vector<int64_t>{2});
+  EXPECT_EQ(c.hidden_act, HiddenAct::kGeluTanh);
+  EXPECT_EQ(c.norm_placement, NormPlacement::kSandwich);
+  EXPECT_FALSE(c.norm_topk_prob);
+  EXPECT_DOUBLE_EQ(c.embedding_multiplier_scale, 78.38367176906169);
+  EXPECT_DOUBLE_EQ(c.output_multiplier_scale, 0.5773502691896257);
+  ASSERT_TRUE(c.attn_output_multiplier.has_value());
+  EXPECT_DOUBLE_EQ(*c.attn_output_multiplier, 0.08838834764831845);
+  EXPECT_DOUBLE_EQ(c.attn_logit_softcapping, 30.0);
+  EXPECT_DOUBLE_EQ(c.router_logit_softcapping, 0.0);
+}
+
+TEST(ModelConfig, Grok1SglangSpelling) {
+  const ModelConfig c = parse(grok1_sglang());
+  EXPECT_EQ(c.architecture, Architecture::kGrok1);
+  EXPECT_EQ(c.model_type, "mixtral");
+  EXPECT_EQ(c.num_local_experts, 8);
+  EXPECT_EQ(c.head_dim, 128);
+  EXPECT_FALSE(c.tie_word_embeddings);
+  EXPECT_FALSE(c.attn_output_multiplier.has_value());  // the forward pass uses 1 / sqrt(head_dim)
+  EXPECT_DOUBLE_EQ(c.attn_logit_softcapping, 30.0);
+  EXPECT_EQ(c.hidden_act, HiddenAct::kGeluTanh);
+  EXPECT_EQ(
+      parse(with(grok1_sglang(), "architectures", json::array({"Grok1ForCausalLM"}))).architecture,
+      Architecture::kGrok1);
+}
+
+TEST(ModelConfig, MixtralLeavesGrokFieldsAtTheirDefaults) {
+  const ModelConfig c = parse(mixtral_8x7b());
+  EXPECT_EQ(c.hidden_act, HiddenAct::kSilu);
+  EXPECT_EQ(c.norm_placement, NormPlacement::kPre);
+  EXPECT_TRUE(c.norm_topk_prob);
+  EXPECT_DOUBLE_EQ(c.embedding_multiplier_scale, 1.0);
+  EXPECT_DOUBLE_EQ(c.output_multiplier_scale, 1.0);
+  EXPECT_FALSE(c.attn_output_multiplier.has_value());
+  EXPECT_DOUBLE_EQ(c.attn_logit_softcapping, 0.0);
+  EXPECT_DOUBLE_EQ(c.router_logit_softcapping, 0.0);
+}
+
+TEST(ModelConfig, Grok1Alternatives) {
+  EXPECT_EQ(parse(with(grok1_hpcai(), "hidden_act", "gelu")).hidden_act, HiddenAct::kGelu);
+  EXPECT_EQ(parse(with(grok1_hpcai(), "hidden_act", "gelu_pytorch_tanh")).hidden_act,
+            HiddenAct::kGeluTanh);
+  EXPECT_EQ(parse(with(grok1_hpcai(), "hidden_act", "gelu_new")).hidden_act, HiddenAct::kGeluTanh);
+  EXPECT_DOUBLE_EQ(parse(with(grok1_hpcai(), "max_attn_value", 0)).attn_logit_softcapping, 0.0);
+  EXPECT_DOUBLE_EQ(
+      parse(with(grok1_sglang(), "attn_logit_softcapping", 50.0)).attn_logit_softcapping, 50.0);
+  EXPECT_DOUBLE_EQ(parse(with(grok1_hpcai(), "attn_logit_softcapping", 30)).attn_logit_softcapping,
+                   30.0);
+  EXPECT_DOUBLE_EQ(
+      parse(with(grok1_hpcai(), "router_logit_softcapping", 30.0)).router_logit_softcapping, 30.0);
+  EXPECT_TRUE(parse(with(grok1_hpcai(), "norm_topk_prob", true)).norm_topk_prob);
+  EXPECT_EQ(parse(with(grok1_hpcai(), "num_local_experts", 8)).num_local_experts, 8);
+  EXPECT_DOUBLE_EQ(parse(with(grok1_hpcai(), "rope_theta", 5e5)).rope_theta, 5e5);
+  EXPECT_NO_THROW(parse(with(grok1_sglang(), "attn_temperature_len", -1)));
+  EXPECT_NO_THROW(parse(with(grok1_sglang(), "residual_moe", false)));
+  EXPECT_NO_THROW(parse(with(grok1_sglang(), "final_logit_softcapping", nullptr)));
+}
+
+TEST(ModelConfig, Grok1Refusals) {
+  for (const char* key : {"embedding_multiplier_scale", "output_multiplier_scale"}) {
+    SCOPED_TRACE(key);
+    EXPECT_ERROR(parse(without(grok1_hpcai(), key)), "\"" + std::string(key) + "\" is missing");
+    EXPECT_ERROR(parse(with(grok1_hpcai(), key, 0)),
+                 "\"" + std::string(key) + "\" must be a positive number");
+  }
+  EXPECT_ERROR(parse(without(grok1_hpcai(), "num_experts")),
+               "config.json: \"num_local_experts\" (or \"num_experts\") is missing");
+  EXPECT_ERROR(parse(with(grok1_hpcai(), "num_local_experts", 4)),
+               "\"num_local_experts\" and \"num_experts\" disagree");
+  EXPECT_ERROR(parse(with(grok1_hpcai(), "num_experts_per_tok", 9)),
+               "\"num_experts_per_tok\" (9) exceeds \"num_experts\" (8)");
+  EXPECT_ERROR(parse(with(grok1_hpcai(), "attn_logit_softcapping", 50.0)),
+               "\"max_attn_value\" (30) and \"attn_logit_softcapping\" (50) disagree");
+  EXPECT_ERROR(parse(with(grok1_hpcai(), "max_attn_value", -1)),
+               "\"max_attn_value\" must be a non-negative number");
+  EXPECT_ERROR(parse(with(grok1_hpcai(), "router_logit_softcapping", "30")),
+               "\"router_logit_softcapping\" must be a non-negative number");
+  EXPECT_ERROR(parse(with(grok1_hpcai(), "attn_output_multiplier", 0)),
+               "\"attn_output_multiplier\" must be a positive number");
+  EXPECT_ERROR(
+      parse(with(grok1_hpcai(), "hidden_act", "silu")),
+      "\"hidden_act\" \"silu\" is not supported (supported: gelu_pytorch_tanh, gelu_new, gelu)");
+  EXPECT_ERROR(parse(with(grok1_sglang(), "residual_moe", true)),
+               "\"residual_moe\" is not supported");
+  EXPECT_ERROR(parse(with(grok1_sglang(), "final_logit_softcapping", 50.0)),
+               "\"final_logit_softcapping\" is not supported");
+  EXPECT_ERROR(parse(with(grok1_sglang(), "attn_temperature_len", 1024)),
+               "\"attn_temperature_len\" is not supported");
+  EXPECT_ERROR(parse(with(grok1_sglang(), "rope_type", "yarn")), "\"rope_type\" is not supported");
+  EXPECT_ERROR(parse(with(grok1_sglang(), "architectures", "Grok1ModelForCausalLM")),
+               "\"architectures\" must be a list of strings");
+  EXPECT_ERROR(parse(with(grok1_hpcai(), "sliding_window", 4096)),
+               "\"sliding_window\" is not supported");
 }
 
 TEST(ModelConfig, LoadFromDirectory) {

@@ -2,77 +2,25 @@
 // float32 logits, and every quantization scheme against nibble's own bf16 path.
 #include <gtest/gtest.h>
 
-#include <cmath>
-#include <fstream>
 #include <iostream>
 
-#include <nlohmann/json.hpp>
-
 #include "core/npy.h"
-#include "cpu/cpu_ops.h"
-#include "engine/generator.h"
-#include "model/loader.h"
+#include "fixture_test_util.h"
 
 namespace nibble {
 namespace {
+
+using test::compare;
+using test::Comparison;
+using test::full_logits;
 
 constexpr char kModel[] = "tests/fixtures/tiny-mixtral";
 constexpr char kLogits[] = "tests/fixtures/tiny-mixtral-logits.npy";
 constexpr char kReference[] = "tests/fixtures/tiny-mixtral-reference.json";
 
-nlohmann::json reference() {
-  std::ifstream in(kReference);
-  return nlohmann::json::parse(in);
-}
+nlohmann::json reference() { return test::read_json(kReference); }
 
-struct Loaded {
-  CpuOps ops;
-  std::unique_ptr<Model> model;
-};
-
-std::unique_ptr<Loaded> load(Quantization q) {
-  auto l = std::make_unique<Loaded>();
-  ModelConfig config = load_model_config(kModel);
-  ModelWeights w = load_weights(Checkpoint::open(kModel), config, q, l->ops);
-  l->model = std::make_unique<Model>(std::move(config), std::move(w), l->ops);
-  return l;
-}
-
-// Logits of every position of `ids` from one forward pass.
-Tensor full_logits(Model& model, const std::vector<int32_t>& ids, KvCacheDType kv) {
-  Generator g(model, static_cast<int64_t>(ids.size()), kv);
-  return g.extend(ids, static_cast<int64_t>(ids.size()));
-}
-
-double rel_l2(const float* ref, const float* got, int64_t n) {
-  double num = 0, den = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    num += (double{ref[i]} - got[i]) * (double{ref[i]} - got[i]);
-    den += double{ref[i]} * ref[i];
-  }
-  return std::sqrt(num / den);
-}
-
-struct Comparison {
-  double worst = 0;  // largest per-position relative L2 error
-  double mean = 0;   // mean over positions
-  int argmax_diff = 0;  // positions whose argmax differs
-};
-
-Comparison compare(const Tensor& ref, const Tensor& got) {
-  EXPECT_EQ(ref.shape(), got.shape());
-  const int64_t rows = ref.dim(0), vocab = ref.dim(1);
-  Comparison c;
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* a = ref.data<float>() + r * vocab;
-    const float* b = got.data<float>() + r * vocab;
-    const double e = rel_l2(a, b, vocab);
-    c.worst = std::max(c.worst, e);
-    c.mean += e / static_cast<double>(rows);
-    c.argmax_diff += std::max_element(a, a + vocab) - a != std::max_element(b, b + vocab) - b;
-  }
-  return c;
-}
+std::unique_ptr<test::Loaded> load(Quantization q) { return test::load(kModel, q); }
 
 std::vector<int32_t> prompt_ids() { return reference()["ids"].get<std::vector<int32_t>>(); }
 
@@ -99,16 +47,7 @@ TEST(TinyMixtral, DecodeOneAtATimeEqualsOneForward) {
     for (const KvCacheDType kv : {KvCacheDType::kBf16, KvCacheDType::kFp8E4M3}) {
       const Tensor full = full_logits(*l->model, ids, kv);
       // Prefill half of the prompt, then one token at a time.
-      const auto half = static_cast<int64_t>(ids.size() / 2);
-      Generator g(*l->model, static_cast<int64_t>(ids.size()), kv);
-      Tensor steps = Tensor::zeros(DType::kF32, full.shape());
-      const Tensor prefill = g.extend({ids.begin(), ids.begin() + half}, half);
-      std::copy_n(prefill.data<float>(), prefill.numel(), steps.data<float>());
-      for (auto i = half; i < static_cast<int64_t>(ids.size()); ++i) {
-        const Tensor row = g.extend({ids[i]});
-        std::copy_n(row.data<float>(), row.numel(), steps.data<float>() + i * full.dim(1));
-      }
-      const Comparison c = compare(full, steps);
+      const Comparison c = compare(full, test::stepwise_logits(*l->model, ids, kv));
       EXPECT_LE(c.worst, 1e-4) << quantization_name(q);
       EXPECT_EQ(c.argmax_diff, 0);
     }

@@ -1,0 +1,130 @@
+// Paged causal attention over a BF16 or FP8 KV cache (GQA, optional logit soft-cap), the plain version: the KV append, then
+// one block per (query token, head) scoring every cached key of its sequence. Correct for any context
+// the shared memory holds (positions up to 12288); the fast prefill/decode kernels replace it later.
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+
+#include <cfloat>
+
+#include "cuda/basic_ops.h"
+#include "cuda/cuda_check.h"
+
+namespace nibble::cuda {
+namespace {
+
+using bf16 = __nv_bfloat16;
+constexpr int kThreads = 128;
+constexpr int64_t kMaxContext = 12288;
+
+struct AttentionArgs {
+  const bf16* qkv;
+  void* k_cache;
+  void* v_cache;
+  bool fp8;
+  const int32_t* positions;
+  const int32_t* query_start;
+  const int32_t* block_tables;
+  const int32_t* slot_mapping;
+  bf16* out;
+  int64_t num_seqs, max_blocks, block_size, heads, kv_heads, head_dim;
+  float softmax_scale, k_scale, v_scale, logit_softcap;
+};
+
+__device__ inline float load_kv(const void* cache, bool fp8, int64_t index) {
+  if (fp8) {
+    const __half_raw h = __nv_cvt_fp8_to_halfraw(static_cast<const __nv_fp8_storage_t*>(cache)[index], __NV_E4M3);
+    return __half2float(__half(h));
+  }
+  return __bfloat162float(static_cast<const bf16*>(cache)[index]);
+}
+
+__global__ void append_kv_kernel(const __grid_constant__ AttentionArgs p) {
+  const int64_t t = blockIdx.x, kv_width = p.kv_heads * p.head_dim;
+  const int64_t width = (p.heads + 2 * p.kv_heads) * p.head_dim;
+  const int64_t slot = p.slot_mapping[t];
+  for (int64_t i = threadIdx.x; i < kv_width; i += blockDim.x) {
+    const float k = __bfloat162float(p.qkv[t * width + p.heads * p.head_dim + i]);
+    const float v = __bfloat162float(p.qkv[t * width + p.heads * p.head_dim + kv_width + i]);
+    if (p.fp8) {
+      static_cast<__nv_fp8_storage_t*>(p.k_cache)[slot * kv_width + i] =
+          __nv_cvt_float_to_fp8(k / p.k_scale, __NV_SATFINITE, __NV_E4M3);
+      static_cast<__nv_fp8_storage_t*>(p.v_cache)[slot * kv_width + i] =
+          __nv_cvt_float_to_fp8(v / p.v_scale, __NV_SATFINITE, __NV_E4M3);
+    } else {
+      static_cast<bf16*>(p.k_cache)[slot * kv_width + i] = __float2bfloat16_rn(k);
+      static_cast<bf16*>(p.v_cache)[slot * kv_width + i] = __float2bfloat16_rn(v);
+    }
+  }
+}
+
+__global__ void attention_kernel(const __grid_constant__ AttentionArgs p) {
+  extern __shared__ float scores[];
+  __shared__ float reduce[kThreads / 32];
+  const int64_t t = blockIdx.x, h = blockIdx.y;
+  int64_t s = 0;
+  while (s + 1 < p.num_seqs && p.query_start[s + 1] <= t) ++s;
+  const int64_t context = p.positions[t] + 1, kv_head = h / (p.heads / p.kv_heads);
+  const int64_t width = (p.heads + 2 * p.kv_heads) * p.head_dim, kv_width = p.kv_heads * p.head_dim;
+  const bf16* q = p.qkv + t * width + h * p.head_dim;
+  const int32_t* blocks = p.block_tables + s * p.max_blocks;
+  const float k_scale = p.fp8 ? p.k_scale : 1.0f, v_scale = p.fp8 ? p.v_scale : 1.0f;
+
+  float local_max = -FLT_MAX;
+  for (int64_t j = threadIdx.x; j < context; j += blockDim.x) {
+    const int64_t base = (blocks[j / p.block_size] * p.block_size + j % p.block_size) * kv_width + kv_head * p.head_dim;
+    float dot = 0.0f;
+    for (int64_t d = 0; d < p.head_dim; ++d) dot += __bfloat162float(q[d]) * load_kv(p.k_cache, p.fp8, base + d);
+    scores[j] = dot * k_scale * p.softmax_scale;
+    if (p.logit_softcap > 0.0f) scores[j] = p.logit_softcap * tanhf(scores[j] / p.logit_softcap);
+    local_max = fmaxf(local_max, scores[j]);
+  }
+  for (int o = 16; o > 0; o /= 2) local_max = fmaxf(local_max, __shfl_xor_sync(0xFFFFFFFFu, local_max, o));
+  if (threadIdx.x % 32 == 0) reduce[threadIdx.x / 32] = local_max;
+  __syncthreads();
+  float max_score = reduce[0];
+  for (int w = 1; w < kThreads / 32; ++w) max_score = fmaxf(max_score, reduce[w]);
+  __syncthreads();
+  float local_sum = 0.0f;
+  for (int64_t j = threadIdx.x; j < context; j += blockDim.x) local_sum += scores[j] = expf(scores[j] - max_score);
+  for (int o = 16; o > 0; o /= 2) local_sum += __shfl_xor_sync(0xFFFFFFFFu, local_sum, o);
+  if (threadIdx.x % 32 == 0) reduce[threadIdx.x / 32] = local_sum;
+  __syncthreads();
+  float sum = 0.0f;
+  for (int w = 0; w < kThreads / 32; ++w) sum += reduce[w];
+  for (int64_t d = threadIdx.x; d < p.head_dim; d += blockDim.x) {
+    float acc = 0.0f;
+    for (int64_t j = 0; j < context; ++j) {
+      const int64_t base = (blocks[j / p.block_size] * p.block_size + j % p.block_size) * kv_width + kv_head * p.head_dim;
+      acc += scores[j] / sum * load_kv(p.v_cache, p.fp8, base + d);
+    }
+    p.out[t * p.heads * p.head_dim + h * p.head_dim + d] = __float2bfloat16_rn(acc * v_scale);
+  }
+}
+
+}  // namespace
+
+void attention(const Tensor& qkv, KvCacheLayer& cache, KvCacheDType cache_dtype, const ForwardBatch& batch,
+               const AttentionParams& params, Tensor& out, cudaStream_t stream) {
+  const int64_t width = (params.num_heads + 2 * params.num_kv_heads) * params.head_dim;
+  expect(qkv, DType::kBF16, {batch.num_tokens, width}, "attention qkv");
+  expect(out, DType::kBF16, {batch.num_tokens, params.num_heads * params.head_dim}, "attention output");
+  check(batch.max_seq_len <= kMaxContext, "the plain CUDA attention handles contexts up to ", kMaxContext, " tokens");
+  if (batch.num_tokens == 0) return;
+  const AttentionArgs a{.qkv = qkv.data<bf16>(), .k_cache = cache.k.raw(), .v_cache = cache.v.raw(),
+                        .fp8 = cache_dtype == KvCacheDType::kFp8E4M3, .positions = batch.positions.data<int32_t>(),
+                        .query_start = batch.query_start.data<int32_t>(),
+                        .block_tables = batch.block_tables.data<int32_t>(),
+                        .slot_mapping = batch.slot_mapping.data<int32_t>(), .out = out.data<bf16>(),
+                        .num_seqs = batch.num_seqs, .max_blocks = batch.block_tables.dim(1),
+                        .block_size = cache.k.dim(1), .heads = params.num_heads, .kv_heads = params.num_kv_heads,
+                        .head_dim = params.head_dim, .softmax_scale = params.softmax_scale,
+                        .k_scale = params.k_scale, .v_scale = params.v_scale,
+                        .logit_softcap = params.logit_softcap};
+  append_kv_kernel<<<static_cast<unsigned>(batch.num_tokens), kThreads, 0, stream>>>(a);
+  cuda_check(cudaGetLastError());
+  const dim3 grid(static_cast<unsigned>(batch.num_tokens), static_cast<unsigned>(params.num_heads));
+  attention_kernel<<<grid, kThreads, batch.max_seq_len * sizeof(float), stream>>>(a);
+  cuda_check(cudaGetLastError());
+}
+
+}  // namespace nibble::cuda

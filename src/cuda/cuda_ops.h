@@ -1,0 +1,54 @@
+// CudaOps: the Ops interface on one GPU (BF16 activations). Each op is a kernel file of src/cuda;
+// this class owns the stream, the cuBLAS handle and the scratch the ops reuse between calls.
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <map>
+#include <memory>
+#include <utility>
+
+#include "cuda/linear.h"
+#include "cuda/moe.h"
+#include "model/ops.h"
+
+namespace nibble::cuda {
+
+class CudaOps final : public Ops {
+ public:
+  CudaOps();
+  ~CudaOps() override;
+  CudaOps(const CudaOps&) = delete;
+  CudaOps& operator=(const CudaOps&) = delete;
+
+  Device device() const override { return Device::kCuda; }
+  DType activation_dtype() const override { return DType::kBF16; }
+
+  Tensor empty(DType dtype, Shape shape) override;
+  Tensor upload(const Tensor& host) override;
+  Tensor download(const Tensor& device_tensor) override;
+  MoeWeights prepare_moe(const MoeWeights& host) override;
+
+  void embedding(const Tensor& ids, const Tensor& table, Tensor& out) override;
+  void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) override;
+  void add(Tensor& x, const Tensor& y) override;
+  void scale(Tensor& x, float factor) override;
+  void linear(const Tensor& x, const Linear& w, Tensor& out) override;
+  void logits(const Tensor& x, const Tensor& rows, const Linear& w, Tensor& out) override;
+  void rope(Tensor& qkv, const Tensor& positions, const AttentionParams& params, double theta) override;
+  void attention(const Tensor& qkv, KvCacheLayer& cache, KvCacheDType cache_dtype, const ForwardBatch& batch,
+                 const AttentionParams& params, Tensor& out) override;
+  void moe(const Tensor& x, const MoeWeights& w, const MoeParams& params, Tensor& out) override;
+
+  cudaStream_t stream() const { return stream_; }
+
+ private:
+  cudaStream_t stream_ = nullptr;
+  cublasHandle_t cublas_ = nullptr;
+  LinearWorkspace linear_ws_;
+  std::map<std::pair<double, int64_t>, Tensor> inv_freq_;  // (theta, head_dim) -> F32 (head_dim / 2)
+  std::unique_ptr<MoeWorkspace> moe_ws_;
+};
+
+}  // namespace nibble::cuda

@@ -1,0 +1,94 @@
+// Helpers for the tiny-model fixture tests: load a fixture with a quantization scheme, run a prompt
+// through it, and compare logits row by row (relative L2 per position, argmax agreement).
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "cpu/cpu_ops.h"
+#include "engine/generator.h"
+#include "model/loader.h"
+
+namespace nibble::test {
+
+inline nlohmann::json read_json(const std::string& path) {
+  std::ifstream in(path);
+  return nlohmann::json::parse(in);
+}
+
+struct Loaded {
+  CpuOps ops;
+  std::unique_ptr<Model> model;
+};
+
+// The fixture in `dir` with `config` (its config.json unless given), on the CPU.
+inline std::unique_ptr<Loaded> load(const std::string& dir, Quantization q,
+                                    std::optional<ModelConfig> config = std::nullopt) {
+  auto l = std::make_unique<Loaded>();
+  ModelConfig c = config ? *config : load_model_config(dir);
+  ModelWeights w = load_weights(Checkpoint::open(dir), c, q, l->ops);
+  l->model = std::make_unique<Model>(std::move(c), std::move(w), l->ops);
+  return l;
+}
+
+// Logits of every position of `ids` from one forward pass.
+inline Tensor full_logits(Model& model, const std::vector<int32_t>& ids, KvCacheDType kv) {
+  Generator g(model, static_cast<int64_t>(ids.size()), kv);
+  return g.extend(ids, static_cast<int64_t>(ids.size()));
+}
+
+// Logits of every position of `ids`: the first half as one prefill, then one token at a time.
+inline Tensor stepwise_logits(Model& model, const std::vector<int32_t>& ids, KvCacheDType kv) {
+  const auto n = static_cast<int64_t>(ids.size()), half = n / 2;
+  Generator g(model, n, kv);
+  const Tensor prefill = g.extend({ids.begin(), ids.begin() + half}, half);
+  const int64_t vocab = prefill.dim(1);
+  Tensor steps = Tensor::zeros(DType::kF32, {n, vocab});
+  std::copy_n(prefill.data<float>(), prefill.numel(), steps.data<float>());
+  for (int64_t i = half; i < n; ++i) {
+    const Tensor row = g.extend({ids[i]});
+    std::copy_n(row.data<float>(), row.numel(), steps.data<float>() + i * vocab);
+  }
+  return steps;
+}
+
+inline double rel_l2(const float* ref, const float* got, int64_t n) {
+  double num = 0, den = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    num += (double{ref[i]} - got[i]) * (double{ref[i]} - got[i]);
+    den += double{ref[i]} * ref[i];
+  }
+  return std::sqrt(num / den);
+}
+
+struct Comparison {
+  double worst = 0;     // largest per-position relative L2 error
+  double mean = 0;      // mean over positions
+  int argmax_diff = 0;  // positions whose argmax differs
+};
+
+inline Comparison compare(const Tensor& ref, const Tensor& got) {
+  EXPECT_EQ(ref.shape(), got.shape());
+  const int64_t rows = ref.dim(0), vocab = ref.dim(1);
+  Comparison c;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* a = ref.data<float>() + r * vocab;
+    const float* b = got.data<float>() + r * vocab;
+    const double e = rel_l2(a, b, vocab);
+    c.worst = std::max(c.worst, e);
+    c.mean += e / static_cast<double>(rows);
+    c.argmax_diff += std::max_element(a, a + vocab) - a != std::max_element(b, b + vocab) - b;
+  }
+  return c;
+}
+
+}  // namespace nibble::test
