@@ -1,0 +1,308 @@
+"""Conversations and small templates rendered by tools/make_chat_template_fixtures.py.
+
+Model cases: {"name", "messages", "extra" (kwargs such as tools or enable_thinking),
+"add_generation_prompt" (the values to render with; both by default)}. Synthetic cases:
+(template, variables), where variables may set messages, add_generation_prompt and
+special_tokens; the rest are extra kwargs.
+"""
+
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Get the current weather in a city. Returns °C, \"quoted\" text\nand a\ttab.",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "description": "City name, e.g. 東京 or Zürich"},
+                "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+                "days": {"type": "integer", "minimum": 1, "maximum": 7.5, "default": None},
+            },
+            "required": ["city"],
+        },
+    },
+}
+SEARCH_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "search",
+        "description": "Search the web \\ backslash </tools> and {{ jinja }}.",
+        "parameters": {"type": "object", "properties": {"query": {"type": "string"}, "exact": {"type": "boolean"}}},
+    },
+}
+
+SYSTEM = {"role": "system", "content": "You are a helpful assistant."}
+USER = {"role": "user", "content": "What is the capital of France?"}
+ASSISTANT = {"role": "assistant", "content": "The capital of France is Paris."}
+USER2 = {"role": "user", "content": "And of Japan?"}
+ASSISTANT2 = {"role": "assistant", "content": "Tokyo."}
+UNICODE = "Grüße, 你好世界！こんにちは 🌍🚀 — «ñ» \u00a0nbsp \u2028sep Ωμέγα עברית"
+JINJA_TEXT = "{{ messages }} {% if true %}x{% endif %} {# c #} {%- raw -%} '\"\\"
+
+QWEN3_CASES = [
+    {"name": "single user", "messages": [USER]},
+    {"name": "system and user", "messages": [SYSTEM, USER]},
+    {"name": "full exchange", "messages": [SYSTEM, USER, ASSISTANT]},
+    {"name": "multi-turn", "messages": [SYSTEM, USER, ASSISTANT, USER2, ASSISTANT2, {"role": "user", "content": "Thanks!"}]},
+    {"name": "unicode and CJK", "messages": [{"role": "system", "content": "用中文回答。"}, {"role": "user", "content": UNICODE},
+                                             {"role": "assistant", "content": "好的 👍 " + UNICODE}]},
+    {"name": "empty content", "messages": [{"role": "system", "content": ""}, {"role": "user", "content": ""},
+                                           {"role": "assistant", "content": ""}]},
+    {"name": "jinja-looking content", "messages": [{"role": "user", "content": JINJA_TEXT}, {"role": "assistant", "content": JINJA_TEXT}]},
+    {"name": "whitespace content", "messages": [{"role": "user", "content": "  \n\tpadded\n\n  "},
+                                                {"role": "assistant", "content": "\n\nleading newlines\r\nand CRLF\n"}]},
+    {"name": "think in last assistant", "messages": [USER, {"role": "assistant", "content": "<think>\nThe user asks about France.\n</think>\n\nParis."}]},
+    {"name": "think without newlines", "messages": [USER, {"role": "assistant", "content": "<think>short</think>Paris."}]},
+    {"name": "reasoning_content field", "messages": [USER, {"role": "assistant", "content": "Paris.", "reasoning_content": "\nFrance -> Paris.\n"}]},
+    {"name": "reasoning_content null", "messages": [USER, {"role": "assistant", "content": "<think>kept</think>Paris.", "reasoning_content": None}]},
+    {"name": "think in earlier turns", "messages": [SYSTEM, USER, {"role": "assistant", "content": "<think>old thoughts</think>Paris."}, USER2,
+                                                    {"role": "assistant", "content": "<think>\nnew thoughts\n</think>\n\nTokyo."}]},
+    {"name": "enable_thinking false", "messages": [SYSTEM, USER], "extra": {"enable_thinking": False}},
+    {"name": "enable_thinking true", "messages": [USER, ASSISTANT, USER2], "extra": {"enable_thinking": True}},
+    {"name": "tools with system", "messages": [SYSTEM, {"role": "user", "content": "Weather in Tokyo?"}], "extra": {"tools": [WEATHER_TOOL, SEARCH_TOOL]}},
+    {"name": "tools without system", "messages": [{"role": "user", "content": "Weather in Zürich?"}], "extra": {"tools": [WEATHER_TOOL]}},
+    {"name": "tool call round trip", "extra": {"tools": [WEATHER_TOOL]}, "messages": [
+        SYSTEM, {"role": "user", "content": "Weather in Tokyo?"},
+        {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"name": "get_weather", "arguments": {"city": "東京", "days": 3, "ratio": 0.5, "exact": True, "note": None}}}]},
+        {"role": "tool", "content": "{\"temperature\": 21.5, \"sky\": \"clear\"}"},
+        {"role": "assistant", "content": "It is 21.5 °C and clear in Tokyo."}]},
+    {"name": "parallel tool calls with string arguments", "extra": {"tools": [WEATHER_TOOL, SEARCH_TOOL]}, "messages": [
+        {"role": "user", "content": "Weather in Paris and news?"},
+        {"role": "assistant", "content": "Let me check.", "tool_calls": [
+            {"type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}},
+            {"name": "search", "arguments": {"query": "Paris news", "exact": False}}]},
+        {"role": "tool", "content": "sunny"},
+        {"role": "tool", "content": "nothing new"},
+        {"role": "assistant", "content": "<think>both tools answered</think>Sunny, and no news."}]},
+    {"name": "tool responses before the last query", "messages": [
+        {"role": "user", "content": "first"},
+        {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"name": "search", "arguments": {"query": "q"}}}]},
+        {"role": "tool", "content": "result"},
+        {"role": "assistant", "content": "<think>r1</think>done"},
+        {"role": "user", "content": "<tool_response>\nlooks like a tool\n</tool_response>"},
+        {"role": "assistant", "content": "<think>r2</think>final"}]},
+    {"name": "system in the middle", "messages": [USER, ASSISTANT, {"role": "system", "content": "Be brief."}, USER2]},
+]
+
+DEEPSEEK_CASES = [
+    {"name": "single user", "messages": [USER]},
+    {"name": "system and user", "messages": [SYSTEM, USER]},
+    {"name": "two system messages", "messages": [SYSTEM, {"role": "system", "content": "Answer in French."}, USER]},
+    {"name": "full exchange", "messages": [SYSTEM, USER, ASSISTANT]},
+    {"name": "multi-turn", "messages": [SYSTEM, USER, ASSISTANT, USER2, ASSISTANT2, {"role": "user", "content": "Thanks!"}]},
+    {"name": "unicode and CJK", "messages": [{"role": "system", "content": "请用中文回答"}, {"role": "user", "content": UNICODE},
+                                             {"role": "assistant", "content": UNICODE}]},
+    {"name": "empty content", "messages": [{"role": "system", "content": ""}, {"role": "user", "content": ""},
+                                           {"role": "assistant", "content": ""}]},
+    {"name": "jinja-looking content", "messages": [{"role": "user", "content": JINJA_TEXT}, {"role": "assistant", "content": JINJA_TEXT}]},
+    {"name": "newlines and tabs", "messages": [{"role": "user", "content": "line1\n\tline2\r\n"}, {"role": "assistant", "content": "\n\nok\n"}]},
+    {"name": "one tool call", "messages": [
+        USER, {"role": "assistant", "content": None, "tool_calls": [{"type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+        {"role": "tool", "content": "sunny"}, {"role": "assistant", "content": "It is sunny."}]},
+    {"name": "two tool calls and outputs", "messages": [
+        SYSTEM, USER, {"role": "assistant", "content": None, "tool_calls": [
+            {"type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"東京\"}"}},
+            {"type": "function", "function": {"name": "search", "arguments": "{}"}}]},
+        {"role": "tool", "content": "21°C"}, {"role": "tool", "content": "no results"},
+        {"role": "assistant", "content": "Done."}, USER2]},
+    {"name": "ends with tool output", "messages": [
+        USER, {"role": "assistant", "content": None, "tool_calls": [{"type": "function", "function": {"name": "search", "arguments": "{\"q\": 1}"}}]},
+        {"role": "tool", "content": "output"}]},
+    {"name": "tool then user", "messages": [
+        USER, {"role": "assistant", "content": None, "tool_calls": [{"type": "function", "function": {"name": "search", "arguments": "{}"}}]},
+        {"role": "tool", "content": "x"}, {"role": "user", "content": "and then?"}]},
+    {"name": "assistant first", "messages": [ASSISTANT, USER]},
+    {"name": "special token text in content", "messages": [{"role": "user", "content": "<｜User｜>fake<｜Assistant｜>"}]},
+    {"name": "extra unused kwargs", "messages": [USER], "extra": {"enable_thinking": False, "tools": [WEATHER_TOOL]}},
+]
+
+CHATML_CASES = [
+    {"name": "single user", "messages": [USER]},
+    {"name": "system and user", "messages": [SYSTEM, USER]},
+    {"name": "multi-turn", "messages": [SYSTEM, USER, ASSISTANT, USER2, ASSISTANT2]},
+    {"name": "unicode", "messages": [{"role": "user", "content": UNICODE}]},
+    {"name": "empty content", "messages": [{"role": "user", "content": ""}, {"role": "assistant", "content": ""}]},
+    {"name": "jinja-looking content", "messages": [{"role": "user", "content": JINJA_TEXT}]},
+    {"name": "tool role", "messages": [USER, {"role": "tool", "content": "{\"ok\": true}"}]},
+]
+
+_MSGS = [
+    {"role": "system", "content": "sys"},
+    {"role": "user", "content": "Hello, World"},
+    {"role": "assistant", "content": "  hi there  ", "tool_calls": [{"function": {"name": "f", "arguments": {"b": 1, "a": [1.5, None, True]}}}]},
+    {"role": "user", "content": "<think>a</think>b"},
+]
+
+SYNTHETIC_CASES = [
+    # Whitespace control: trim_blocks, lstrip_blocks, -, +.
+    ("a\n  {% if true %}\n  b\n  {% endif %}\n  c\n",),
+    ("a  {% if true %}x{% endif %}  \n",),
+    ("  {{ 'v' }}\n{% if true %}  \n{% endif %}",),
+    ("x {%- if true -%} \n y \n {%- endif -%} z",),
+    ("x\n  {%+ if true %}y{% endif +%}\nz",),
+    ("{% for i in [1, 2] %}\n  {{ i }}\n{% endfor %}\n",),
+    ("a\n  {# comment #}\nb {#- c -#} c\n  {#+ d #}e",),
+    ("  {% raw %}\n{{ x }} {% if %}\n  {% endraw %}\ny",),
+    ("{%- raw -%}  a {{x}} \n {%- endraw %}\nb",),
+    ("line\r\nwindows\rmac\n{{ 'x' }}\n\n",),
+    ("{{- '  a  ' -}}   {{ 'b' }}  {{- 'c' }}",),
+    ("\t{% if true %}\n\tx\n\t{% endif %}",),
+    ("{% if true %}a{% else %}b{% endif %}\n\n\n",),
+    ("\u3000{% if true %}x{% endif %}",),
+    # Expressions and literals.
+    ("{{ 1 + 2 * 3 }} {{ (1 + 2) * 3 }} {{ 7 / 2 }} {{ 7 // 2 }} {{ -7 // 2 }} {{ -7 % 3 }} {{ 2 ** 10 }} {{ 2 ** -1 }}",),
+    ("{{ 1e20 }} {{ 0.1 + 0.2 }} {{ 1.0 }} {{ 1.5e-7 }} {{ 1e16 }} {{ 123456789.125 }} {{ 0.0001 }} {{ -0.0 }} {{ 3 * 1.5 }}",),
+    ("{{ 3 * 'ab' }} {{ [1] * 2 }} {{ 'a' ~ 1 ~ none ~ true }} {{ 1_000 }} {{ 0x1F }} {{ 7.5 // 2 }} {{ -7.5 % 2 }}",),
+    ("{{ true and 'yes' }} {{ 0 or 'fallback' }} {{ '' or [] }} {{ none and 1 }} {{ not 0 }} {{ not [] }}",),
+    ("{{ 1 == 1.0 }} {{ true == 1 }} {{ 'a' < 'b' }} {{ 1 < 2 < 3 }} {{ 3 > 2 > 2 }} {{ [1, 2] < [1, 3] }} {{ 'a' != 'a' }}",),
+    ("{{ 'ell' in 'hello' }} {{ 2 in [1, 2] }} {{ 'k' in {'k': 1} }} {{ 'x' not in 'abc' }} {{ 1 in [1.0] }} {{ 'a' in undefined_thing }}",),
+    ("{{ 'yes' if 1 else 'no' }} {{ 'yes' if 0 else 'no' }} [{{ 'only' if false }}] {{ 'a' if false else 'b' if true else 'c' }}",),
+    ("{{ [1, 'a', none, true, 1.5, {'k': 'v'}, []] }} {{ {'a': 1, 'b': [2]} }} {{ 'it\\'s' }} {{ [\"it's\", 'say \"hi\"', 'both \\' \"'] }}",),
+    ("{{ 'tab\\there' }} {{ ['\\n', '\\t', '\\x00', '\\u00e9', '\\\\'] }} {{ 'x\\d' }} {{ '\\101\\x42\\u0043\\U0001F600' }}",),
+    ("{{ \"single 'in' double\" }} {{ 'adjacent' \"strings\" }} {{ 'a\\\nb' }}",),
+    ("{{ (1, 2) | list }} {% set a, b = [1, 2] %}{{ a }}{{ b }} {% set t = 1, 2 %}{{ t | length }}",),
+    ("{{ -x }}", {"x": 5}),
+    ("{{ +3 }} {{ -(-3) }} {{ - 2 ** 2 }} {{ (-2) ** 2 }} {{ -3|abs }} {{ 10 - 2 - 3 }} {{ 2 ** 3 ** 2 }}",),
+    # Subscripts, slices, attributes.
+    ("{{ messages[0].content }} {{ messages[1]['role'] }} {{ messages[-1].content }} {{ messages.0.role }} [{{ messages[10] }}]", {"messages": _MSGS}),
+    ("{{ 'héllo wörld'[::-1] }} {{ 'héllo'[1:3] }} {{ 'héllo'[-2:] }} {{ 'abcdef'[::2] }} {{ 'abcdef'[4:1:-1] }} {{ 'abc'[5:] }}|",),
+    ("{{ [1, 2, 3, 4][1:] }} {{ [1, 2, 3, 4][:-1] }} {{ [1, 2, 3][::-1] }} {{ [1, 2, 3][-10:10] }} {{ 'héllo'[1] }} {{ 'abc'[-1] }}",),
+    ("{{ messages[2].tool_calls[0].function.arguments.a[0] }} {{ messages[2]['tool_calls'][0]['function']['name'] }}", {"messages": _MSGS}),
+    ("[{{ messages[0].missing }}] {{ messages[0].missing is defined }} {{ messages[0]['role'] is defined }}", {"messages": _MSGS}),
+    ("{% set d = {'items': 1, 'keys': 2} %}{{ d['items'] }} {% for k, v in d.items() %}{{ k }}:{{ v }},{% endfor %} {{ d.get('keys') }} {{ d.get('zz', 'dflt') }} {{ d.get('zz') }}",),
+    ("{{ {'b': 1, 'a': 2}.keys()|list }} {{ {'b': 1, 'a': 2}.values()|list }} {% for k, v in {'x': 1, 'y': [2]}.items() %}{{ k }}={{ v }};{% endfor %}",),
+    # Loops.
+    ("{% for m in messages %}{{ loop.index }}/{{ loop.index0 }}/{{ loop.revindex }}/{{ loop.revindex0 }}/{{ loop.length }}/{{ loop.first }}/{{ loop.last }} {% endfor %}", {"messages": _MSGS}),
+    ("{% for m in messages %}[{{ loop.previtem.role if loop.previtem is defined else '-' }}>{{ loop.nextitem.role if loop.nextitem is defined else '-' }}]{{ loop.cycle('a', 'b') }}{% endfor %}", {"messages": _MSGS}),
+    ("{% for m in messages if m.role == 'user' %}{{ loop.index }}:{{ m.content }}{{ ',' if not loop.last }}{% endfor %}", {"messages": _MSGS}),
+    ("{% for i in range(5) %}{% if i == 1 %}{% continue %}{% endif %}{% if i == 3 %}{% break %}{% endif %}{{ i }}{% endfor %}",),
+    ("{% for x in [] %}never{% else %}empty{% endfor %} {% for x in none_defined %}{{ x }}{% else %}undef{% endfor %}",),
+    ("{% for c in 'héy' %}<{{ c }}>{% endfor %} {% for k in {'b': 1, 'a': 2} %}{{ k }}{% endfor %} {% for i in range(2, 10, 3) %}{{ i }}{% endfor %}",),
+    ("{% for a in [1, 2] %}{% for b in [3, 4] %}{{ loop.index }}{{ a }}{{ b }} {% endfor %}{{ loop.index }}|{% endfor %}",),
+    ("{% for i in [1, 2] %}[{{ x }}]{% set x = i %}{% endfor %}{{ x }}",),
+    ("{% set x = 0 %}{% for i in [1, 2] %}[{{ x }}]{% set x = i %}{{ x }}{% endfor %}{{ x }}",),
+    ("{% for i in [1, 2] %}{% for j in [3] %}{% set i = 5 %}{% endfor %}{{ i }}{% endfor %}",),
+    ("{% for i in [1, 2] %}{% if i == 2 %}[{{ y }}]{% endif %}{% set y = i %}{% endfor %}",),
+    # set, namespace, scoping.
+    ("{% if true %}{% set y = 3 %}{% endif %}{{ y }}",),
+    ("{% set ns = namespace(count=0, items=[]) %}{% for m in messages %}{% set ns.count = ns.count + 1 %}{% set ns.items = ns.items + [m.role] %}{% endfor %}{{ ns.count }} {{ ns.items }}", {"messages": _MSGS}),
+    ("{% set ns = namespace(a=1) %}{{ ns }} {{ ns.a }} [{{ ns.b }}] {{ ns.b is defined }}",),
+    ("{% set ns = namespace({'k': 'v'}, x=2) %}{{ ns.k }}{{ ns.x }}",),
+    ("{% set block %}Hello {{ messages[0].content }}!{% endset %}[{{ block }}] {% set up | upper %}shout{% endset %}{{ up }}",),
+    ("{% set x = 1 %}{% set x = x + 1 %}{{ x }} {% set s = 'a' %}{% set s = s ~ 'b' %}{{ s }}",),
+    ("{% set ns = namespace(a=1) %}{% set ns.me = ns %}{{ ns.me.me.a }} {% macro f() %}{{ ns.a }}{% endmacro %}{% set ns.f = f %}{{ ns.f() }}",),
+    ("{% with a = 1, b = 2 %}{{ a + b }}{% endwith %}[{{ a }}]",),
+    ("{% macro greet(name, punct='!') %}Hello {{ name }}{{ punct }}{% endmacro %}{{ greet('you') }} {{ greet('x', punct='?') }} {{ greet(punct='.', name='k') }}",),
+    ("{% macro render(m) %}{% if m.role == 'user' %}U:{% endif %}{{ m.content | trim }}{% endmacro %}{% for m in messages %}{{ render(m) }};{% endfor %}", {"messages": _MSGS}),
+    ("{% filter upper %}abc {{ 'def' }}{% endfilter %}",),
+    ("{% generation %}inside{% endgeneration %}",),
+    ("{% print 'printed' %}",),
+    # String methods.
+    ("{{ '  x  '.strip() }}|{{ '  x  '.lstrip() }}|{{ '  x  '.rstrip() }}|{{ 'xxaxx'.strip('x') }}|{{ '\\n\\nA\\n'.strip('\\n') }}|{{ '\u3000x\u00a0'.strip() }}|",),
+    ("{{ 'a,b,,c'.split(',') }} {{ ' a  b  '.split() }} {{ 'a b c'.split(' ', 1) }} {{ 'a,b,c'.rsplit(',', 1) }} {{ '  a b  '.rsplit(None, 1) }} {{ ''.split(',') }} {{ ''.split() }}",),
+    ("{{ 'Hello'.startswith('He') }} {{ 'Hello'.endswith('lo') }} {{ 'Hello'.startswith(('x', 'H')) }} {{ 'Hello'.endswith('') }}",),
+    ("{{ 'a-b-c'.replace('-', '+') }} {{ 'a-b-c'.replace('-', '', 1) }} {{ 'ab'.replace('', '.') }} {{ 'hello'.find('l') }} {{ 'héllo'.find('l') }} {{ 'hello'.rfind('l') }} {{ 'x'.find('z') }} {{ 'banana'.count('a') }}",),
+    ("{{ 'Hello World'.upper() }} {{ 'Hello World'.lower() }} {{ 'hello world'.title() }} {{ 'hELLO'.capitalize() }} {{ 'straße ǅ'.upper() }} {{ 'ÀÉÎ'.lower() }}",),
+    ("{{ ', '.join(['a', 'b']) }} {{ 'a\\nb\\r\\nc'.splitlines() }} {{ '123'.isdigit() }} {{ 'abc'.isalpha() }} {{ '  '.isspace() }} {{ 'abc'.islower() }} {{ 'ABC'.isupper() }}",),
+    ("{{ messages[3].content.split('</think>')[-1].lstrip('\\n') }} {{ messages[3].content.split('</think>')[0].split('<think>')[-1] }}", {"messages": _MSGS}),
+    # Filters.
+    ("{{ '  x  ' | trim }}|{{ 'xxaxx' | trim('x') }}|{{ [1, 2, 3] | length }} {{ 'héllo' | length }} {{ {'a': 1} | count }} {{ none_defined | length }}",),
+    ("{{ messages | tojson }}", {"messages": _MSGS}),
+    ("{{ messages[2] | tojson(indent=2) }}", {"messages": _MSGS}),
+    ("{{ {'b': 1, 'a': 'é'} | tojson(sort_keys=true) }} {{ 'é\\\"<>&\\n\\u0001' | tojson }} {{ 'é' | tojson(ensure_ascii=true) }} {{ [1.0, 2.5e-8, 1e100, -0.0] | tojson }}",),
+    ("{{ {'a': [1, {'b': none}]} | tojson(separators=(',', ':')) }} {{ {'a': [], 'b': {}} | tojson(indent=4) }} {{ [1] | tojson(indent='\\t') }} {{ '😀' | tojson(ensure_ascii=true) }}",),
+    ("{{ 'x' | upper }} {{ 'X' | lower }} {{ 'hello world-wide (x)' | title }} {{ 'hello' | capitalize }} {{ 1 | string }} {{ none | string }} {{ [1] | string }}",),
+    ("{{ x | default('dflt') }} {{ '' | default('empty') }} {{ '' | default('empty', true) }} {{ none | d('n') }} {{ 0 | default(1, boolean=true) }}",),
+    ("{{ [3, 1, 2] | sort }} {{ [3, 1, 2] | sort(reverse=true) }} {{ ['b', 'A', 'c'] | sort }} {{ ['b', 'A', 'c'] | sort(case_sensitive=true) }} {{ messages | sort(attribute='role') | map(attribute='role') | list }}", {"messages": _MSGS}),
+    ("{{ [1, 2] | join(', ') }} {{ messages | map(attribute='role') | join('/') }} {{ messages | join('|', attribute='role') }} {{ ['a', 'b'] | join }}", {"messages": _MSGS}),
+    ("{{ messages | selectattr('role', 'equalto', 'user') | map(attribute='content') | list }} {{ messages | rejectattr('role', 'eq', 'user') | list | length }}", {"messages": _MSGS}),
+    ("{{ messages | selectattr('tool_calls') | list | length }} {{ messages | selectattr('tool_calls', 'defined') | list | length }} {{ messages | rejectattr('tool_calls', 'undefined') | map(attribute='role') | first }}", {"messages": _MSGS}),
+    ("{{ [1, 2, 3, 4] | select('odd') | list }} {{ [1, 2, 3, 4] | reject('even') | list }} {{ [0, 1, '', 'a'] | select | list }} {{ [1, 5, 10] | select('gt', 3) | list }} {{ [3, 6, 7] | select('divisibleby', 3) | list }}",),
+    ("{{ ['a', 'b'] | map('upper') | list }} {{ [1.7, 2.2] | map('int') | list }} {{ messages | map(attribute='missing', default='?') | list }}", {"messages": _MSGS}),
+    ("{{ [1, 2, 3] | first }} {{ [1, 2, 3] | last }} {{ 'abc' | first }} {{ [1, 2] | reverse | list }} {{ 'abc' | reverse }} {{ {'a': 1} | list }} {{ 'ab' | list }}",),
+    ("{% for k, v in {'b': 1, 'a': 2} | items %}{{ k }}{{ v }}{% endfor %} {% for k, v in {'b': 1, 'a': 2, 'C': 0} | dictsort %}{{ k }}{{ v }}{% endfor %} {% for p in {'b': 1, 'a': 2} | dictsort(by='value', reverse=true) %}{{ p[0] }}{{ p[1] }}{% endfor %} {{ none_defined | items | list }}",),
+    ("{{ [1, 2, 3] | sum }} {{ [1.5, 2] | sum }} {{ [[1], [2]] | sum(start=[]) }} {{ [3, 1, 2] | max }} {{ [3, 1, 2] | min }} {{ ['b', 'A'] | max }} {{ [1, 1, 2, 1] | unique | list }}",),
+    ("{{ '42' | int }} {{ '4.7' | int }} {{ 'x' | int }} {{ 'x' | int(7) }} {{ 3.9 | int }} {{ '0x1A' | int(0, 16) }} {{ '2.5' | float }} {{ 'x' | float }} {{ 3 | float }} {{ true | int }}",),
+    ("{{ -3 | abs }} {{ 2.567 | round(2) }} {{ 2.5 | round }} {{ 3.5 | round }} {{ 2.1 | round(0, 'ceil') }} {{ 2.9 | round(method='floor') }} {{ 7 | round }}",),
+    ("{{ 'a-b' | replace('-', '+') }} {{ 'aaa' | replace('a', 'b', 2) }} {{ 'x\\ny\\n\\nz' | indent(2) }}|{{ 'x\\ny' | indent(2, true) }}|{{ 'x\\n\\ny' | indent(width='>', blank=true) }}",),
+    ("{{ 'the quick brown fox jumps' | truncate(12) }}|{{ 'short' | truncate(12) }}|{{ 'the quick brown fox jumps' | truncate(12, true, '..', 0) }}|{{ 'abc' | center(9) }}|{{ 'one two, three' | wordcount }}",),
+    ("{{ '%s is %d years, %.2f%%' | format('Bob', 42, 3.14159) }} {{ 'x=%s' % 5 }} {{ '%s and %s' % ('a', 'b') }} {{ '%(a)s-%(b)s' % {'a': 1, 'b': 2} }} {{ '%5s|%-5s|%05d|%x' % ('ab', 'cd', 42, 255) }}",),
+    ("{{ '<a href=\"x\">&\\'</a>' | escape }} {{ 'safe' | safe }} {{ [1, 2, 3, 4, 5] | batch(2) | list }} {{ [1, 2, 3] | batch(2, 0) | list }}",),
+    ("{{ messages | selectattr('role', 'in', ['user', 'system']) | list | length }} {{ [1, 2] | map('string') | join('+') }}", {"messages": _MSGS}),
+    # Tests.
+    ("{{ x is defined }} {{ none is none }} {{ 1 is none }} {{ 'a' is string }} {{ 1 is string }} {{ {} is mapping }} {{ [] is mapping }} {{ [] is iterable }} {{ 'a' is iterable }} {{ 1 is iterable }} {{ x is undefined }}",),
+    ("{{ 1 is number }} {{ 1.5 is number }} {{ true is number }} {{ 1 is integer }} {{ true is integer }} {{ 1.0 is float }} {{ true is boolean }} {{ 1 is boolean }} {{ true is true }} {{ 1 is true }} {{ false is false }} {{ 0 is false }}",),
+    ("{{ 3 is odd }} {{ 4 is even }} {{ 9 is divisibleby 3 }} {{ 9 is divisibleby(4) }} {{ 1 is eq 1 }} {{ 1 is ne 2 }} {{ 1 is lt 2 }} {{ 2 is ge 2 }} {{ 'a' is in 'abc' }} {{ 'abc' is lower }} {{ 'aBc' is upper }} {{ none is sameas none }} {{ 'upper' is filter }} {{ 'odd' is test }}",),
+    ("{{ x is not defined }} {{ not x is defined }} {{ x is defined and x }} {{ 1 is not none }} {{ range is callable }} {{ 'a' is sequence }} {{ 1 is sequence }}",),
+    ("{% if enable_thinking is defined and enable_thinking is false %}no-think{% else %}think{% endif %}", {"enable_thinking": False}),
+    ("{% if enable_thinking is defined and enable_thinking is false %}no-think{% else %}think{% endif %}", {"enable_thinking": 0}),
+    # Variables that transformers passes.
+    ("{{ bos_token }}|{{ eos_token }}|{{ tools }}|{{ documents }}|{{ add_generation_prompt }}|{{ tools is none }}|{{ unk_token is defined }}",),
+    ("{{ bos_token is defined }}|{{ bos_token }}|", {"special_tokens": {"eos_token": "<|im_end|>"}, "add_generation_prompt": False}),
+    ("{{ tools | length }} {% for t in tools %}{{ t.function.name }}{{ t | tojson }}{% endfor %}", {"tools": [{"type": "function", "function": {"name": "f", "parameters": {"z": 1, "a": 2}}}]}),
+    ("{{ custom.nested[1] }} {{ flag }} {{ number + 1 }}", {"custom": {"nested": ["a", "b"]}, "flag": True, "number": 41}),
+    # Constructs from popular chat templates.
+    ("{%- if messages[0]['role'] == 'system' %}\n    {%- set system_message = messages[0]['content']|trim %}\n    {%- set messages = messages[1:] %}\n{%- else %}\n    {%- set system_message = \"\" %}\n{%- endif %}\n{{- system_message }}|{{ messages | length }}\n{%- for message in messages %}\n    {%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}\n        {{- raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}\n    {%- endif %}\n    {{- '[' + message['role'] + ']' + message['content'] | trim }}\n{%- endfor %}", {"messages": [{"role": "system", "content": " S "}, {"role": "user", "content": "u1"}, {"role": "assistant", "content": " a1 "}]}),
+    ("{%- for message in messages %}{%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}{{- raise_exception('Conversation roles must alternate') }}{%- endif %}{%- endfor %}", {"messages": [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]}),
+    ("{%- for tool_call in messages[2].tool_calls %}{%- for arg_name, arg_val in tool_call.function.arguments | items %}{{ arg_name }}=\"{{ arg_val }}\"{% if not loop.last %}, {% endif %}{%- endfor %}{%- endfor %}", {"messages": _MSGS}),
+    ("{%- macro py_type(spec) -%}\n{%- set m = {\"string\": \"str\", \"number\": \"float\", \"integer\": \"int\", \"boolean\": \"bool\"} -%}\n{%- if spec.type is not defined -%}Any\n{%- elif spec.type in m -%}{{ m[spec.type] }}\n{%- elif spec.type == \"array\" -%}list[{{ py_type(spec['items']) }}]\n{%- elif spec.type == \"object\" -%}dict[str, {{ py_type(spec.additionalProperties) if spec.additionalProperties is defined else 'Any' }}]\n{%- else -%}Any{%- endif -%}\n{%- endmacro -%}\n{%- for name, spec in tools[0].function.parameters.properties.items() %}\n{{ name }}: {{ py_type(spec) }}{{ ' = ' ~ spec.default | tojson if spec.default is defined }}\n{%- endfor %}\n{{ tools[0].function.parameters.properties | length > 0 }} {{ {'a': 1}.items is defined }}",
+     {"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
+         "a": {"type": "string", "default": "x"}, "b": {"type": "array", "items": {"type": "array", "items": {"type": "integer"}}},
+         "c": {"type": "object", "additionalProperties": {"type": "number"}}, "d": {"type": "object"}, "e": {"description": "none"}, "f": {"type": "null", "default": None}}}}}]}),
+    ("{%- for message in messages %}{%- if message.content is string %}{{ message.content }}{%- else %}{%- for part in message.content %}{%- if part.type == 'text' %}{{ part.text }}{%- elif part.type == 'image' %}<image>{%- endif %}{%- endfor %}{%- endif %}|{%- endfor %}",
+     {"messages": [{"role": "user", "content": [{"type": "text", "text": "look: "}, {"type": "image"}, {"type": "text", "text": " ok"}]}, {"role": "assistant", "content": "plain"}]}),
+    ("{%- set user_messages = messages | selectattr('role', 'equalto', 'user') | list %}{{ user_messages | length }} {{ user_messages[-1].content }} {{ messages[-1].role }} {{ (messages | last).role }}", {"messages": _MSGS}),
+    ("{{ '[TOOL_CALLS]' + messages[2].tool_calls | tojson }} {{ messages[2].tool_calls[0].function.arguments.a | map('tojson') | join(' | ') }}", {"messages": _MSGS}),
+    ("{%- if messages[2].tool_calls is defined and messages[2].tool_calls is not none %}yes{% endif %} {{ '%04d|%.3e|%+d|% d|%c' | format(7, 12345.678, 5, 3, 65) }} {{ 1 == '1' }} {{ 'a' * 3 }}", {"messages": _MSGS}),
+    ("{% set ns = namespace(inner=namespace(v=1)) %}{{ ns.inner.v }}{% set inner = ns.inner %}{% set inner.v = 2 %}{{ ns.inner.v }} {% set a, b = 'xy' %}{{ b }}{{ a }} {{ [1, 2,] }} {{ {'a': 1,} }}",),
+    ("{% for i in range(messages | length) %}{{ i }}{{ messages[i].role[0] }}{{ loop.depth }}{% endfor %}", {"messages": _MSGS}),
+    ("{% if messages[0]['role'] == 'system' %}{% set offset = 1 %}{% else %}{% set offset = 0 %}{% endif %}{{ offset }} [{{ 'x' if x is not defined }}] {{ messages[1]['content'][:5] }} {{ 'a\nb'.replace('\n', ' ') }}", {"messages": _MSGS}),
+    ("{{'a'}}{%if true%}b{%endif%}{{ '}}' }}{{ {'a': {'b': 1}} }}{# {{ x }} %} #}{{ \"{%\" }}",),
+    ("\n\n{%- if true -%}\n  x\n{%- endif -%}\n\n",),
+    ("{% for m in messages %}\n{% if m.role == 'user' %}\n    U: {{ m.content }}\n{% elif m.role == 'assistant' %}\n    A: {{ m.content }}\n{% else %}\n    ?\n{% endif %}\n{% endfor %}\n", {"messages": _MSGS}),
+    ("{{ strftime_now('%Y') | length }} {{ strftime_now is defined }}",),
+    ("{% macro m(a, b) %}[{{ a }}|{{ b }}|{{ b is defined }}]{% endmacro %}{{ m(1) }}{{ m(b=2) }}",),
+    ("{% macro outer() %}{{ inner() }}{% endmacro %}{% macro inner() %}in{{ top }}{% endmacro %}{% set top = '!' %}{{ outer() }}",),
+    ("{{ messages[0] }} {{ messages[0].keys() | list }} {{ messages[2].tool_calls[0] }}", {"messages": _MSGS}),
+    ("{{ 'abc' | batch(2) | list }} {{ [3, 2, 1] | sort | first }} {{ 'x' ~ [1, 'a'] }} {{ 'é' < 'z' }} {{ 'Z' < 'a' }} {{ [] | sum }} {{ {'a': 1} == {'a': 1.0} }}",),
+    ("{% set x = [1, 2, 3] %}{{ x | select('>', 1) | list }} {{ x | select('in', [2, 3]) | list }} {{ x | reject('==', 2) | list }} {{ x | map('string') | list }}",),
+    # Filters that return one-pass iterators (generators), as in Python.
+    ("{% set g = messages | selectattr('role', 'equalto', 'nobody') %}{{ 'truthy' if g else 'falsy' }} {% set m = [1, 2, 3] | map('string') %}{{ m | list }}{{ m | list }} {{ [0, 1, 2] | select | first }}", {"messages": _MSGS}),
+    ("{% set r = [1, 2] | reverse %}{% for i in r %}{{ i }}{% endfor %}|{% for i in r %}{{ i }}{% endfor %} {% set g = [1, 2, 3] | select %}{{ 2 in g }}{{ g | list }} {{ 'ab' | reverse }} {{ none_defined | items | list }}",),
+    ("{{ [1, 2] | map('string') | length }}",),
+    ("{{ [1, 2] | select | last }}",),
+    ("{{ messages | selectattr('role', 'equalto', 'user') | list | length }} {{ (messages | map(attribute='role') | unique | list) }} {{ messages | map(attribute='tool_calls') | select | list | length }}", {"messages": _MSGS}),
+    ("{{ [missing, 1] | length }} {{ [missing][0] is defined }} {{ {'a': missing}.a is defined }} {{ ['a', 'b'][1, 2] is defined }} {{ [none, missing] }}",),
+    ("{{ [missing] | tojson }}",),
+    ("{{ [] in {'a': 1} }}",),
+    # Errors jinja2 raises.
+    ("{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}",),
+    ("{% if messages[0].role != 'system' %}{{ raise_exception('System message required: ' ~ messages[0].role) }}{% endif %}",),
+    ("{{ x | no_such_filter }}",),
+    ("{% if false %}{{ x | no_such_filter }}{% endif %}",),
+    ("{{ x is no_such_test }}",),
+    ("{% if true %}unclosed",),
+    ("{% for x in y %}{% endif %}",),
+    ("{{ 1 + }}",),
+    ("{{ 'unterminated }}",),
+    ("{% endfor %}",),
+    ("{% unknown_tag %}",),
+    ("{{ (1 }}",),
+    ("{% break %}",),
+    ("{# unclosed comment",),
+    ("{{ undefined_var.attr }}",),
+    ("{{ undefined_var + 'x' }}",),
+    ("{{ 'a' + 1 }}",),
+    ("{{ 1 / 0 }}",),
+    ("{{ [1] | tojson }}{{ x | tojson }}",),
+    ("{% set y = 1 %}{% set y.attr = 2 %}",),
+    ("{% set ns = namespace() %}{% set ns._private = 1 %}",),
+    ("{{ messages.append(1) }}", {"messages": _MSGS}),
+    ("{{ 'abc'.split('') }}",),
+    ("{{ none_defined() }}",),
+    ("{{ {'a': 1} | items | first | tojson }}",),
+    ("{{ 5 | items | list }}",),
+    ("{{ '%d' % 'x' }}",),
+    ("{{ 1 < 'a' }}",),
+    ("{{ 'x' in 5 }}",),
+]
