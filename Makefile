@@ -18,6 +18,7 @@ build: deps $(BUILD)/build.ninja
 	cmake --build $(BUILD) -j $(JOBS)
 
 test: build fuzz
+	@scripts/install-test-deps
 	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
 
 demo: build
@@ -38,6 +39,7 @@ fuzz: deps
 sanitize: deps
 	cmake -S . -B $(BUILD)-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DNIBBLE_SANITIZE=ON -DNIBBLE_CUDA=OFF
 	cmake --build $(BUILD)-asan -j $(JOBS)
+	@scripts/install-test-deps
 	ctest --test-dir $(BUILD)-asan --output-on-failure -j $(JOBS)
 
 format:

@@ -1,5 +1,6 @@
-// The `nibble` command: generate, logits, tokenize. Every failure ends with one line on stderr
-// ("nibble: error: ...") and exit status 1; usage errors exit with 2 (CLI11's codes otherwise).
+// The `nibble` command: generate, logits, tokenize, serve. Every failure ends with one line on
+// stderr ("nibble: error: ...") and exit status 1; usage errors exit with 2 (CLI11's codes
+// otherwise).
 #include <exception>
 #include <iostream>
 

@@ -8,6 +8,9 @@
 #include <unistd.h>
 
 #include "cpu/cpu_ops.h"
+#ifdef NIBBLE_HAS_CUDA
+#include "cuda/cuda_ops.h"
+#endif
 #include "format/safetensors.h"
 
 namespace nibble {
@@ -20,6 +23,15 @@ KvCacheDType parse_kv_dtype(const std::string& name) {
 }
 
 // A live counter on a terminal; one line at the end otherwise (logs stay readable).
+std::unique_ptr<Ops> make_ops(const std::string& device) {
+  if (device == "cpu") return std::make_unique<CpuOps>();
+#ifdef NIBBLE_HAS_CUDA
+  return std::make_unique<cuda::CudaOps>();
+#else
+  fail("--device cuda: this build has no CUDA backend (nvcc was not found at build time)");
+#endif
+}
+
 void show_progress(int64_t done, int64_t total) {
   static const bool tty = isatty(STDERR_FILENO) != 0;
   if (tty && (done == total || done % 16 == 0))
@@ -48,12 +60,11 @@ LoadedModel load_model(const ModelOptions& o) {
   const KvCacheDType kv_dtype = parse_kv_dtype(o.kv_cache_dtype);
   check(o.tp_size == 1, "--tp-size ", o.tp_size, " is not supported yet (only 1)");
   check(o.device == "cpu" || o.device == "cuda", "--device ", o.device, " is not supported (cpu, cuda)");
-  check(o.device == "cpu", "--device cuda is not available yet: the CUDA backend has no model ops; use --device cpu");
 
   ModelConfig config = load_model_config(dir);
   const Checkpoint checkpoint = Checkpoint::open(dir);
   LoadedModel loaded;
-  loaded.ops = std::make_unique<CpuOps>();
+  loaded.ops = make_ops(o.device);
   loaded.quantization = resolve_quantization(*quantization, config);
   loaded.kv_dtype = kv_dtype;
   const auto start = std::chrono::steady_clock::now();

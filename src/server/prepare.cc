@@ -1,0 +1,75 @@
+// Prompt building and limit checks. Chat prompts are encoded without the post-processor: the
+// template writes BOS itself where the model wants it (as vLLM and SGLang do).
+#include "server/prepare.h"
+
+#include <algorithm>
+#include <mutex>
+#include <random>
+
+#include "server/api_error.h"
+
+namespace nibble {
+namespace {
+
+std::vector<int32_t> build_prompt(const GenerationRequest& r, const Tokenizer& tokenizer,
+                                  const ChatTemplate& chat_template) {
+  if (r.endpoint == Endpoint::kChat) {
+    std::string text;
+    try {
+      text = chat_template.render(r.messages, GenerationPrompt::kAdd);
+    } catch (const Error& e) {
+      reject(400, "messages", "the chat template rejected the messages: ", e.what());
+    }
+    return tokenizer.encode(text, AddSpecialTokens::kNo);
+  }
+  if (r.prompt_is_ids) return r.prompt_ids;
+  return tokenizer.encode(r.prompt_text);
+}
+
+uint64_t random_seed() {
+  static std::mutex mutex;
+  static std::mt19937_64 rng{std::random_device{}()};
+  std::lock_guard lock(mutex);
+  return rng();
+}
+
+}  // namespace
+
+PreparedRequest prepare(const GenerationRequest& r, const Tokenizer& tokenizer,
+                        const ChatTemplate& chat_template, const ModelLimits& limits) {
+  PreparedRequest out;
+  out.prompt = build_prompt(r, tokenizer, chat_template);
+  const char* prompt_field = r.endpoint == Endpoint::kChat ? "messages" : "prompt";
+  const auto prompt_len = static_cast<int64_t>(out.prompt.size());
+  if (prompt_len == 0) reject(400, prompt_field, "the prompt is empty");
+  for (int32_t id : out.prompt)
+    if (id >= limits.vocab_size)
+      reject(400, prompt_field, "token id ", id, " is outside the vocabulary of ",
+             limits.vocab_size);
+
+  const int64_t room = std::min(limits.context_length, limits.kv_capacity);
+  if (prompt_len >= room)
+    reject(400, prompt_field, "the prompt is too long: ", prompt_len, " tokens, and at most ",
+           room - 1, " fit (context length ", limits.context_length, ", KV cache ",
+           limits.kv_capacity, " tokens)");
+  int64_t max_tokens =
+      r.endpoint == Endpoint::kChat ? room - prompt_len : kDefaultCompletionMaxTokens;
+  if (r.max_tokens)
+    max_tokens = *r.max_tokens;
+  else
+    max_tokens = std::min(max_tokens, room - prompt_len);
+  if (prompt_len + max_tokens > limits.context_length)
+    reject(400, "max_tokens", "the prompt (", prompt_len, " tokens) plus max_tokens (", max_tokens,
+           ") exceeds the model's context length of ", limits.context_length, " tokens");
+  if (prompt_len + max_tokens > limits.kv_capacity)
+    reject(400, "max_tokens", "the prompt (", prompt_len, " tokens) plus max_tokens (", max_tokens,
+           ") exceeds the KV cache of ", limits.kv_capacity, " tokens");
+
+  out.params.sampling = r.sampling;
+  out.params.sampling.seed = r.seed ? *r.seed : random_seed();
+  out.params.max_tokens = max_tokens;
+  out.params.ignore_eos = r.ignore_eos;
+  return out;
+}
+
+}  // namespace nibble

@@ -1,0 +1,215 @@
+// Parsing and validation of OpenAI completion and chat-completion requests. Ranges follow OpenAI's
+// API reference (temperature in [0, 2], top_p in (0, 1]); top_k -1 means no limit, as in vLLM.
+#include "server/protocol.h"
+
+#include <cmath>
+#include <limits>
+
+#include "server/api_error.h"
+
+namespace nibble {
+namespace {
+
+using nlohmann::json;
+
+const json* field(const json& body, const char* name) {
+  const auto it = body.find(name);
+  if (it == body.end() || it->is_null()) return nullptr;  // null means "not given", as in OpenAI
+  return &*it;
+}
+
+int64_t get_int(const json& value, const char* name) {
+  if (value.is_number_integer()) return value.get<int64_t>();
+  if (value.is_number_float()) {  // 16.0 is an integer written as a float; 16.5 is not
+    const double d = value.get<double>();
+    if (std::trunc(d) == d && std::abs(d) < 9.0e18) return static_cast<int64_t>(d);
+  }
+  reject(400, name, name, " must be an integer");
+}
+
+double get_number(const json& value, const char* name) {
+  if (!value.is_number()) reject(400, name, name, " must be a number");
+  return value.get<double>();
+}
+
+bool get_bool(const json& value, const char* name) {
+  if (!value.is_boolean()) reject(400, name, name, " must be a boolean");
+  return value.get<bool>();
+}
+
+std::vector<int32_t> get_token_ids(const json& value, const char* name) {
+  std::vector<int32_t> ids;
+  for (const json& v : value) {
+    if (!v.is_number_integer())
+      reject(400, name, name, " must be a string or an array of token ids");
+    const int64_t id = v.get<int64_t>();
+    if (id < 0 || id > std::numeric_limits<int32_t>::max())
+      reject(400, name, "token id ", id, " is out of range");
+    ids.push_back(static_cast<int32_t>(id));
+  }
+  return ids;
+}
+
+void parse_prompt(const json& body, GenerationRequest& r) {
+  const json* p = field(body, "prompt");
+  if (!p) reject(400, "prompt", "prompt is required");
+  // A batch of exactly one prompt is that prompt; larger batches are not supported.
+  if (p->is_array() && p->size() == 1 && ((*p)[0].is_string() || (*p)[0].is_array())) p = &(*p)[0];
+  if (p->is_string()) {
+    r.prompt_text = p->get<std::string>();
+  } else if (p->is_array() && !p->empty() && (*p)[0].is_number()) {
+    r.prompt_ids = get_token_ids(*p, "prompt");
+    r.prompt_is_ids = true;
+  } else if (p->is_array() && !p->empty() && ((*p)[0].is_string() || (*p)[0].is_array())) {
+    reject(400, "prompt", "only one prompt per request is supported");
+  } else {
+    reject(400, "prompt", "prompt must be a non-empty string or array of token ids");
+  }
+}
+
+std::string message_content(const json& content, std::size_t index) {
+  if (content.is_string()) return content.get<std::string>();
+  const std::string name = cat("messages[", index, "].content");
+  if (!content.is_array()) reject(400, name, name, " must be a string or an array of text parts");
+  std::string text;  // [{"type": "text", "text": "..."}]: the parts joined
+  for (const json& part : content) {
+    const bool is_text = part.is_object() && part.value("type", "") == "text" &&
+                         part.contains("text") && part["text"].is_string();
+    if (!is_text) reject(400, name, "only text content parts are supported in ", name);
+    text += part["text"].get<std::string>();
+  }
+  return text;
+}
+
+void parse_messages(const json& body, GenerationRequest& r) {
+  const json* m = field(body, "messages");
+  if (!m) reject(400, "messages", "messages is required");
+  if (!m->is_array() || m->empty()) reject(400, "messages", "messages must be a non-empty array");
+  for (std::size_t i = 0; i < m->size(); ++i) {
+    const json& msg = (*m)[i];
+    if (!msg.is_object()) reject(400, "messages", "messages[", i, "] must be an object");
+    const json* role = field(msg, "role");
+    if (!role || !role->is_string())
+      reject(400, "messages", "messages[", i, "].role must be a string");
+    const std::string name = role->get<std::string>();
+    if (name != "system" && name != "user" && name != "assistant" && name != "developer" &&
+        name != "tool")
+      reject(400, "messages", "messages[", i, "].role ", json(name).dump(), " is not supported");
+    const json* content = field(msg, "content");
+    if (!content && name != "assistant")
+      reject(400, "messages", "messages[", i, "].content is required");
+    r.messages.push_back(
+        {{"role", name}, {"content", content ? message_content(*content, i) : ""}});
+  }
+}
+
+void parse_stop(const json& body, GenerationRequest& r) {
+  const json* s = field(body, "stop");
+  if (!s) return;
+  if (s->is_string()) {
+    r.stop.push_back(s->get<std::string>());
+  } else if (s->is_array()) {
+    for (const json& v : *s) {
+      if (!v.is_string()) reject(400, "stop", "stop must be a string or an array of strings");
+      r.stop.push_back(v.get<std::string>());
+    }
+  } else {
+    reject(400, "stop", "stop must be a string or an array of strings");
+  }
+  for (const std::string& text : r.stop)
+    if (text.empty()) reject(400, "stop", "stop strings must not be empty");
+}
+
+// The fields both endpoints share.
+void parse_common(const json& body, GenerationRequest& r) {
+  if (const json* v = field(body, "model")) {
+    if (!v->is_string()) reject(400, "model", "model must be a string");
+    r.model = v->get<std::string>();
+  }
+  // Chat calls it max_completion_tokens now; max_tokens is the older name.
+  for (const char* name : {"max_tokens", "max_completion_tokens"}) {
+    const json* v = field(body, name);
+    if (!v) continue;
+    const int64_t n = get_int(*v, name);
+    if (n < 1) reject(400, name, name, " must be at least 1, got ", n);
+    r.max_tokens = n;
+  }
+  if (const json* v = field(body, "temperature")) {
+    const double t = get_number(*v, "temperature");
+    if (!(t >= 0.0 && t <= 2.0))
+      reject(400, "temperature", "temperature must be in [0, 2], got ", t);
+    r.sampling.temperature = static_cast<float>(t);
+  }
+  if (const json* v = field(body, "top_p")) {
+    const double p = get_number(*v, "top_p");
+    if (!(p > 0.0 && p <= 1.0)) reject(400, "top_p", "top_p must be in (0, 1], got ", p);
+    r.sampling.top_p = static_cast<float>(p);
+  }
+  if (const json* v = field(body, "top_k")) {
+    const int64_t k = get_int(*v, "top_k");
+    if (k < -1) reject(400, "top_k", "top_k must be -1 (no limit) or >= 0, got ", k);
+    r.sampling.top_k = k < 0 ? 0 : k;
+  }
+  if (const json* v = field(body, "seed")) {
+    if (!v->is_number_integer()) reject(400, "seed", "seed must be an integer");
+    r.seed =
+        v->is_number_unsigned() ? v->get<uint64_t>() : static_cast<uint64_t>(v->get<int64_t>());
+  }
+  if (const json* v = field(body, "n")) {
+    const int64_t n = get_int(*v, "n");
+    if (n != 1) reject(400, "n", "only n = 1 is supported, got ", n);
+  }
+  if (const json* v = field(body, "best_of")) {
+    const int64_t n = get_int(*v, "best_of");
+    if (n != 1) reject(400, "best_of", "only best_of = 1 is supported, got ", n);
+  }
+  if (const json* v = field(body, "echo"); v && get_bool(*v, "echo"))
+    reject(400, "echo", "echo is not supported");
+  if (const json* v = field(body, "ignore_eos")) r.ignore_eos = get_bool(*v, "ignore_eos");
+  if (const json* v = field(body, "stream")) r.stream = get_bool(*v, "stream");
+  if (const json* v = field(body, "stream_options")) {
+    if (!v->is_object()) reject(400, "stream_options", "stream_options must be an object");
+    if (const json* u = field(*v, "include_usage"))
+      r.include_usage = get_bool(*u, "stream_options.include_usage");
+  }
+  parse_stop(body, r);
+}
+
+json parse_body(std::string_view body) {
+  json parsed;
+  try {
+    parsed = json::parse(body);  // also rejects strings that are not valid UTF-8
+  } catch (const json::parse_error& e) {
+    reject(400, "", "invalid JSON body: ", e.what());
+  }
+  if (!parsed.is_object()) reject(400, "", "the request body must be a JSON object");
+  return parsed;
+}
+
+}  // namespace
+
+GenerationRequest parse_completion_request(std::string_view body) {
+  const json parsed = parse_body(body);
+  GenerationRequest r;
+  r.endpoint = Endpoint::kCompletion;
+  parse_prompt(parsed, r);
+  parse_common(parsed, r);
+  if (const json* v = field(parsed, "logprobs")) {
+    if (!v->is_number_integer()) reject(400, "logprobs", "logprobs must be an integer");
+    reject(400, "logprobs", "logprobs is not supported");
+  }
+  return r;
+}
+
+GenerationRequest parse_chat_request(std::string_view body) {
+  const json parsed = parse_body(body);
+  GenerationRequest r;
+  r.endpoint = Endpoint::kChat;
+  parse_messages(parsed, r);
+  parse_common(parsed, r);
+  if (const json* v = field(parsed, "logprobs"); v && get_bool(*v, "logprobs"))
+    reject(400, "logprobs", "logprobs is not supported");
+  return r;
+}
+
+}  // namespace nibble

@@ -1,0 +1,44 @@
+// The OpenAI request bodies nibble accepts: POST /v1/completions and /v1/chat/completions, parsed
+// and validated into one GenerationRequest. Unknown fields are ignored; a known field of the wrong
+// type or out of range is an ApiError (400) naming it. Tokenizing and context checks come later
+// (server/prepare.h): this file knows nothing of the model.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "engine/sampler.h"
+
+namespace nibble {
+
+enum class Endpoint : uint8_t { kCompletion, kChat };
+
+struct GenerationRequest {
+  Endpoint endpoint = Endpoint::kCompletion;
+  std::string model;  // empty when the client sent none
+  // Completions: the prompt as text, or as token ids (prompt_is_ids).
+  std::string prompt_text;
+  std::vector<int32_t> prompt_ids;
+  bool prompt_is_ids = false;
+  // Chat: [{"role": ..., "content": "..."}], contents flattened to strings.
+  nlohmann::ordered_json messages = nlohmann::ordered_json::array();
+
+  std::optional<int64_t> max_tokens;  // unset: the endpoint's default
+  SamplingParams sampling;            // its seed is only meaningful when `seed` is set
+  std::optional<uint64_t> seed;       // unset: a fresh random seed per request
+  std::vector<std::string> stop;      // matched on the output text, excluded from it
+  bool ignore_eos = false;            // nibble extension (as vLLM and SGLang)
+  bool stream = false;
+  bool include_usage = false;  // stream_options.include_usage
+};
+
+// Both parse a request body; throw ApiError (400) for invalid JSON or invalid fields.
+GenerationRequest parse_completion_request(std::string_view body);
+GenerationRequest parse_chat_request(std::string_view body);
+
+}  // namespace nibble

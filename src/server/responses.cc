@@ -1,0 +1,120 @@
+// OpenAI response and stream-chunk JSON.
+#include "server/responses.h"
+
+#include <chrono>
+#include <cstdio>
+#include <random>
+
+#include <nlohmann/json.hpp>
+
+#include "server/api_error.h"
+
+namespace nibble {
+namespace {
+
+using json = nlohmann::ordered_json;  // fields in the order OpenAI documents them
+
+std::string dump(const json& j) {
+  return j.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+std::string random_hex(int chars) {
+  thread_local std::mt19937_64 rng{std::random_device{}()};
+  std::string out;
+  while (static_cast<int>(out.size()) < chars) {
+    char buf[17];
+    std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(rng()));
+    out += buf;
+  }
+  return out.substr(0, chars);
+}
+
+json usage_json(const Usage& u) {
+  return {{"prompt_tokens", u.prompt_tokens},
+          {"completion_tokens", u.completion_tokens},
+          {"total_tokens", u.prompt_tokens + u.completion_tokens}};
+}
+
+json envelope(const ResponseMeta& m, const char* object) {
+  return {{"id", m.id}, {"object", object}, {"created", m.created}, {"model", m.model}};
+}
+
+bool is_chat(const ResponseMeta& m) {
+  return m.endpoint == Endpoint::kChat;
+}
+
+// One streamed choice: a chat delta or a completion's text piece.
+std::string chunk_event(const ResponseMeta& m, json delta_or_text, const json& finish_reason,
+                        UsageField usage) {
+  json choice = {{"index", 0}};
+  if (is_chat(m))
+    choice["delta"] = std::move(delta_or_text);
+  else
+    choice["text"] = std::move(delta_or_text);
+  choice["logprobs"] = nullptr;
+  choice["finish_reason"] = finish_reason;
+  json chunk = envelope(m, is_chat(m) ? "chat.completion.chunk" : "text_completion");
+  chunk["choices"] = json::array({std::move(choice)});
+  if (usage == UsageField::kNull) chunk["usage"] = nullptr;
+  return "data: " + dump(chunk) + "\n\n";
+}
+
+}  // namespace
+
+ResponseMeta new_response_meta(Endpoint endpoint, const std::string& model) {
+  const auto now = std::chrono::system_clock::now().time_since_epoch();
+  return {.endpoint = endpoint,
+          .id = (endpoint == Endpoint::kChat ? "chatcmpl-" : "cmpl-") + random_hex(24),
+          .created = std::chrono::duration_cast<std::chrono::seconds>(now).count(),
+          .model = model};
+}
+
+std::string full_response(const ResponseMeta& m, const std::string& text,
+                          const std::string& finish_reason, const Usage& usage) {
+  json choice = {{"index", 0}};
+  if (is_chat(m))
+    choice["message"] = {{"role", "assistant"}, {"content", text}};
+  else
+    choice["text"] = text;
+  choice["logprobs"] = nullptr;
+  choice["finish_reason"] = finish_reason;
+  json body = envelope(m, is_chat(m) ? "chat.completion" : "text_completion");
+  body["choices"] = json::array({std::move(choice)});
+  body["usage"] = usage_json(usage);
+  return dump(body);
+}
+
+std::string role_event(const ResponseMeta& m, UsageField usage) {
+  return chunk_event(m, {{"role", "assistant"}, {"content", ""}}, nullptr, usage);
+}
+
+std::string text_event(const ResponseMeta& m, const std::string& text, UsageField usage) {
+  return chunk_event(m, is_chat(m) ? json{{"content", text}} : json(text), nullptr, usage);
+}
+
+std::string finish_event(const ResponseMeta& m, const std::string& finish_reason,
+                         UsageField usage) {
+  return chunk_event(m, is_chat(m) ? json::object() : json(""), finish_reason, usage);
+}
+
+std::string usage_event(const ResponseMeta& m, const Usage& usage) {
+  json chunk = envelope(m, is_chat(m) ? "chat.completion.chunk" : "text_completion");
+  chunk["choices"] = json::array();
+  chunk["usage"] = usage_json(usage);
+  return "data: " + dump(chunk) + "\n\n";
+}
+
+std::string error_event(int status, const std::string& message) {
+  return "data: " + error_body(status, message) + "\n\n";
+}
+
+std::string models_response(const std::string& model, int64_t created, int64_t context_length) {
+  const json entry = {{"id", model},
+                      {"object", "model"},
+                      {"created", created},
+                      {"owned_by", "nibble"},
+                      {"max_model_len", context_length}};
+  return dump({{"object", "list"}, {"data", json::array({entry})}});
+}
+
+}  // namespace nibble

@@ -1,0 +1,46 @@
+// The JSON nibble answers with, in OpenAI's shapes: a whole text_completion / chat.completion, the
+// chunks of a streamed one (text_completion / chat.completion.chunk) as Server-Sent Events, and the
+// model list. Strings are dumped with invalid UTF-8 replaced, so a response can never fail to
+// encode.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "server/protocol.h"
+
+namespace nibble {
+
+struct ResponseMeta {
+  Endpoint endpoint;
+  std::string id;   // "cmpl-…" or "chatcmpl-…"
+  int64_t created;  // Unix seconds
+  std::string model;
+};
+
+struct Usage {
+  int64_t prompt_tokens = 0;
+  int64_t completion_tokens = 0;
+};
+
+// A fresh id and the current time for a response of `endpoint`.
+ResponseMeta new_response_meta(Endpoint endpoint, const std::string& model);
+
+std::string full_response(const ResponseMeta& meta, const std::string& text,
+                          const std::string& finish_reason, const Usage& usage);
+
+// Stream events, each "data: {...}\n\n". With include_usage every chunk carries "usage": null and
+// the usage event (empty choices) comes last before [DONE], as OpenAI does.
+enum class UsageField : uint8_t { kAbsent, kNull };
+std::string role_event(const ResponseMeta& meta,
+                       UsageField usage);  // chat only: the assistant role
+std::string text_event(const ResponseMeta& meta, const std::string& text, UsageField usage);
+std::string finish_event(const ResponseMeta& meta, const std::string& finish_reason,
+                         UsageField usage);
+std::string usage_event(const ResponseMeta& meta, const Usage& usage);
+std::string error_event(int status, const std::string& message);
+inline constexpr char kDoneEvent[] = "data: [DONE]\n\n";
+
+std::string models_response(const std::string& model, int64_t created, int64_t context_length);
+
+}  // namespace nibble

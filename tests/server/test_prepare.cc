@@ -1,0 +1,70 @@
+// From a parsed request to engine input: prompts tokenized (chat through the template), defaults
+// for max_tokens, and the context / KV cache / vocabulary limits as 400s naming the field.
+#include <gtest/gtest.h>
+
+#include "server/api_error.h"
+#include "server/prepare.h"
+
+namespace nibble {
+namespace {
+
+class PrepareTest : public ::testing::Test {
+ protected:
+  PreparedRequest run(std::string_view body, Endpoint endpoint = Endpoint::kCompletion) {
+    const GenerationRequest r =
+        endpoint == Endpoint::kChat ? parse_chat_request(body) : parse_completion_request(body);
+    return prepare(r, tokenizer_, chat_, limits_);
+  }
+  std::string rejected_param(std::string_view body, Endpoint endpoint = Endpoint::kCompletion) {
+    try {
+      run(body, endpoint);
+    } catch (const ApiError& e) {
+      EXPECT_EQ(e.status(), 400);
+      return e.param();
+    }
+    return "(accepted)";
+  }
+
+  Tokenizer tokenizer_ = Tokenizer::load("tests/fixtures/tiny-mixtral");
+  ChatTemplate chat_ = ChatTemplate::chatml();
+  ModelLimits limits_{.context_length = 64, .kv_capacity = 48, .vocab_size = 512};
+};
+
+TEST_F(PrepareTest, CompletionPromptAndDefaults) {
+  const PreparedRequest p = run(R"({"prompt": "Hello world", "temperature": 0.5, "seed": 9})");
+  EXPECT_EQ(p.prompt, tokenizer_.encode("Hello world"));  // BOS included
+  EXPECT_EQ(p.params.max_tokens, kDefaultCompletionMaxTokens);
+  EXPECT_EQ(p.params.sampling.temperature, 0.5f);
+  EXPECT_EQ(p.params.sampling.seed, 9u);
+  EXPECT_EQ(run(R"({"prompt": [1, 2, 3], "max_tokens": 7})").prompt,
+            (std::vector<int32_t>{1, 2, 3}));
+}
+
+TEST_F(PrepareTest, ChatUsesTheTemplateWithoutAddingBos) {
+  const PreparedRequest p =
+      run(R"({"messages": [{"role": "user", "content": "Hi"}]})", Endpoint::kChat);
+  const std::string text = "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n";
+  EXPECT_EQ(p.prompt, tokenizer_.encode(text, AddSpecialTokens::kNo));
+  // Chat's default fills what is left of the context and the KV cache, whichever is smaller.
+  EXPECT_EQ(p.params.max_tokens, 48 - static_cast<int64_t>(p.prompt.size()));
+}
+
+TEST_F(PrepareTest, UnseededRequestsGetDifferentSeeds) {
+  EXPECT_NE(run(R"({"prompt": "a"})").params.sampling.seed,
+            run(R"({"prompt": "a"})").params.sampling.seed);
+}
+
+TEST_F(PrepareTest, Limits) {
+  EXPECT_EQ(rejected_param(R"({"prompt": [1, 512]})"), "prompt");  // outside the vocabulary
+  std::string long_prompt = R"({"prompt": [)";
+  for (int i = 0; i < 48; ++i) long_prompt += (i ? ",5" : "5");
+  EXPECT_EQ(rejected_param(long_prompt + "]}"), "prompt");  // fills the whole KV cache
+  EXPECT_EQ(rejected_param(R"({"prompt": [1, 2], "max_tokens": 63})"),
+            "max_tokens");  // past the context
+  EXPECT_EQ(rejected_param(R"({"prompt": [1, 2], "max_tokens": 47})"),
+            "max_tokens");  // past the KV cache
+  EXPECT_EQ(rejected_param(R"({"prompt": [1, 2], "max_tokens": 46})"), "(accepted)");
+}
+
+}  // namespace
+}  // namespace nibble

@@ -1,0 +1,329 @@
+#!/usr/bin/env python3
+"""`nibble serve` on the tiny Mixtral fixture (CPU backend), driven as its users drive it: the official
+`openai` package for the happy paths, raw HTTP for streams, concurrency, bad input, disconnects and
+metrics. Runs under .venv-test's python (scripts/install-test-deps makes it); re-executes itself there.
+
+Usage: test_server.py PATH_TO_NIBBLE [extra `nibble serve` flags...]   (from the repository root)
+With --api-key among the flags every request carries the key, and missing/wrong keys must get 401.
+"""
+import json
+import os
+import pathlib
+import random
+import socket
+import sys
+import threading
+import time
+import unittest
+
+VENV_PYTHON = pathlib.Path(".venv-test/bin/python")
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+if pathlib.Path(sys.prefix).resolve() != VENV_PYTHON.parent.parent.resolve():
+    if not VENV_PYTHON.exists():
+        sys.exit("test_server: .venv-test is missing; run scripts/install-test-deps")
+    os.execv(str(VENV_PYTHON), [str(VENV_PYTHON), *sys.argv])
+
+import openai  # noqa: E402  (after the re-exec into the venv)
+
+import serve_harness as h  # noqa: E402
+from serve_harness import SERVED_NAME, chatml, metrics, request, stream, token_count, wait_for_kv_blocks_free  # noqa: E402
+
+def client():
+    return openai.OpenAI(base_url=h.SERVER.url + "/v1", api_key=h.API_KEY or "unused", max_retries=0, timeout=60)
+
+
+class OpenAIClient(unittest.TestCase):
+    def test_models(self):
+        models = client().models.list()
+        self.assertEqual([m.id for m in models.data], [SERVED_NAME])
+
+    def test_completion(self):
+        prompt = "The quick brown fox"
+        r = client().completions.create(model=SERVED_NAME, prompt=prompt, max_tokens=12, temperature=0,
+                                        extra_body={"ignore_eos": True})
+        self.assertTrue(r.id.startswith("cmpl-"))
+        self.assertEqual(r.object, "text_completion")
+        self.assertEqual(r.model, SERVED_NAME)
+        self.assertLessEqual(abs(r.created - time.time()), 60)
+        self.assertEqual(len(r.choices), 1)
+        self.assertIsInstance(r.choices[0].text, str)
+        self.assertEqual(r.choices[0].finish_reason, "length")
+        self.assertEqual(r.usage.prompt_tokens, token_count(prompt))
+        self.assertEqual(r.usage.completion_tokens, 12)
+        self.assertEqual(r.usage.total_tokens, r.usage.prompt_tokens + 12)
+
+        chunks = list(client().completions.create(
+            model=SERVED_NAME, prompt=prompt, max_tokens=12, temperature=0, stream=True,
+            stream_options={"include_usage": True}, extra_body={"ignore_eos": True}))
+        self.assertEqual("".join(c.choices[0].text for c in chunks if c.choices), r.choices[0].text)
+        self.assertEqual([c.choices[0].finish_reason for c in chunks if c.choices][-1], "length")
+        self.assertEqual(chunks[-1].choices, [])
+        self.assertEqual(chunks[-1].usage.completion_tokens, 12)
+        self.assertEqual(chunks[-1].usage.prompt_tokens, r.usage.prompt_tokens)
+        self.assertTrue(all(c.id == chunks[0].id for c in chunks))
+
+    def test_completion_from_token_ids(self):
+        ids = [1, 415, 29, 300, 285, 142]
+        r = client().completions.create(model=SERVED_NAME, prompt=ids, max_tokens=5, temperature=0,
+                                        extra_body={"ignore_eos": True})
+        self.assertEqual(r.usage.prompt_tokens, len(ids))
+        self.assertEqual(r.usage.completion_tokens, 5)
+
+    def test_chat(self):
+        messages = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Hello there"}]
+        r = client().chat.completions.create(model=SERVED_NAME, messages=messages, max_tokens=10, temperature=0,
+                                             extra_body={"ignore_eos": True})
+        self.assertTrue(r.id.startswith("chatcmpl-"))
+        self.assertEqual(r.object, "chat.completion")
+        self.assertEqual(r.choices[0].message.role, "assistant")
+        self.assertIsInstance(r.choices[0].message.content, str)
+        self.assertEqual(r.choices[0].finish_reason, "length")
+        self.assertEqual(r.usage.prompt_tokens, token_count(chatml(messages), special=False))
+        self.assertEqual(r.usage.completion_tokens, 10)
+
+        chunks = list(client().chat.completions.create(
+            model=SERVED_NAME, messages=messages, max_tokens=10, temperature=0, stream=True,
+            stream_options={"include_usage": True}, extra_body={"ignore_eos": True}))
+        self.assertEqual(chunks[0].object, "chat.completion.chunk")
+        self.assertEqual(chunks[0].choices[0].delta.role, "assistant")
+        content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        self.assertEqual(content, r.choices[0].message.content)
+        self.assertEqual([c.choices[0].finish_reason for c in chunks if c.choices][-1], "length")
+        self.assertEqual(chunks[-1].usage.total_tokens, r.usage.total_tokens)
+
+    def test_stream_without_usage_has_no_usage_chunk(self):
+        events, done = stream("/v1/completions", {"prompt": "Hi", "max_tokens": 3, "ignore_eos": True})
+        self.assertTrue(done)
+        self.assertTrue(all("usage" not in e for e in events))
+        self.assertEqual(events[-1]["choices"][0]["finish_reason"], "length")
+
+
+class Concurrency(unittest.TestCase):
+    def test_64_concurrent_streams_equal_each_request_alone(self):
+        rng = random.Random(7)
+        words = ["alpha", "river", "stone", "quick", "blue", "seven", "over", "the", "lazy", "dog", "moon",
+                 "paper", "light", "z", "é", "数", "!", "42"]
+        requests = []
+        for i in range(64):
+            prompt = " ".join(rng.choice(words) for _ in range(rng.randint(1, 60)))
+            requests.append({"prompt": prompt, "max_tokens": rng.randint(1, 40), "temperature": 0,
+                             "ignore_eos": True})
+        alone = []
+        for body in requests:
+            status, r = request("POST", "/v1/completions", body)
+            self.assertEqual(status, 200, r)
+            alone.append((r["choices"][0]["text"], r["usage"]["completion_tokens"]))
+
+        results = [None] * len(requests)
+        peak_running = [0]
+        finished = threading.Event()
+
+        def watch():
+            while not finished.is_set():
+                peak_running[0] = max(peak_running[0], metrics()["nibble_num_requests_running"])
+                time.sleep(0.01)
+
+        def run(i):
+            try:
+                events, done = stream("/v1/completions", {**requests[i], "stream_options": {"include_usage": True}})
+                text = "".join(e["choices"][0]["text"] for e in events if e["choices"])
+                results[i] = (text, events[-1]["usage"]["completion_tokens"], done)
+            except Exception as e:  # reported below, per request
+                results[i] = e
+
+        watcher = threading.Thread(target=watch)
+        watcher.start()
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(len(requests))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+        finished.set()
+        watcher.join()
+        for i, (want, got) in enumerate(zip(alone, results)):
+            self.assertIsInstance(got, tuple, f"request {i}: {got}")
+            self.assertTrue(got[2], f"request {i} did not end with [DONE]")
+            self.assertEqual(got[:2], want, f"request {i}")
+        self.assertGreater(peak_running[0], 1, "the requests were never batched")
+        wait_for_kv_blocks_free(self)
+
+
+class BadInput(unittest.TestCase):
+    CASES = [
+        # (path, body, status, param)
+        ("/v1/completions", b"{not json", 400, None),
+        ("/v1/completions", b"[1, 2]", 400, None),
+        ("/v1/completions", b'{"prompt": "\xff\xfe"}', 400, None),  # invalid UTF-8
+        ("/v1/completions", {"max_tokens": 4}, 400, "prompt"),
+        ("/v1/completions", {"prompt": 5}, 400, "prompt"),
+        ("/v1/completions", {"prompt": []}, 400, "prompt"),
+        ("/v1/completions", {"prompt": ["a", "b"]}, 400, "prompt"),
+        ("/v1/completions", {"prompt": [1, 99999]}, 400, "prompt"),
+        ("/v1/completions", {"prompt": [1, -3]}, 400, "prompt"),
+        ("/v1/completions", {"prompt": "hi", "temperature": "hot"}, 400, "temperature"),
+        ("/v1/completions", {"prompt": "hi", "temperature": 2.5}, 400, "temperature"),
+        ("/v1/completions", {"prompt": "hi", "temperature": -0.1}, 400, "temperature"),
+        ("/v1/completions", {"prompt": "hi", "top_p": 0}, 400, "top_p"),
+        ("/v1/completions", {"prompt": "hi", "top_p": 1.5}, 400, "top_p"),
+        ("/v1/completions", {"prompt": "hi", "top_k": -2}, 400, "top_k"),
+        ("/v1/completions", {"prompt": "hi", "max_tokens": 0}, 400, "max_tokens"),
+        ("/v1/completions", {"prompt": "hi", "max_tokens": -5}, 400, "max_tokens"),
+        ("/v1/completions", {"prompt": "hi", "max_tokens": "10"}, 400, "max_tokens"),
+        ("/v1/completions", {"prompt": "hi", "max_tokens": 1.5}, 400, "max_tokens"),
+        ("/v1/completions", {"prompt": "hi", "max_tokens": 100000}, 400, "max_tokens"),  # beyond the context
+        ("/v1/completions", {"prompt": "hi " * 600}, 400, "prompt"),  # longer than the context
+        ("/v1/completions", {"prompt": "hi", "n": 2}, 400, "n"),
+        ("/v1/completions", {"prompt": "hi", "seed": "x"}, 400, "seed"),
+        ("/v1/completions", {"prompt": "hi", "stop": 5}, 400, "stop"),
+        ("/v1/completions", {"prompt": "hi", "stop": [""]}, 400, "stop"),
+        ("/v1/completions", {"prompt": "hi", "stream": "yes"}, 400, "stream"),
+        ("/v1/completions", {"prompt": "hi", "ignore_eos": 1}, 400, "ignore_eos"),
+        ("/v1/completions", {"prompt": "hi", "model": "gpt-4"}, 404, "model"),
+        ("/v1/chat/completions", {"max_tokens": 4}, 400, "messages"),
+        ("/v1/chat/completions", {"messages": []}, 400, "messages"),
+        ("/v1/chat/completions", {"messages": [{"role": "wizard", "content": "hi"}]}, 400, "messages"),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": 5}]}, 400, None),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "top_p": -1}, 400, "top_p"),
+    ]
+
+    def check_error(self, status, body, want_status, want_param=None):
+        self.assertEqual(status, want_status, body)
+        self.assertIsInstance(body, dict, body)
+        error = body["error"]
+        self.assertEqual(set(error), {"message", "type", "param", "code"})
+        self.assertIsInstance(error["message"], str)
+        self.assertTrue(error["message"])
+        if want_param:
+            self.assertEqual(error["param"], want_param, error)
+
+    def test_bad_requests_get_openai_errors_and_the_server_keeps_serving(self):
+        for path, body, want, param in self.CASES:
+            with self.subTest(path=path, body=body):
+                status, got = request("POST", path, body)
+                self.check_error(status, got, want, param)
+        status, got = request("GET", "/v1/nothing-here")
+        self.check_error(status, got, 404)
+        status, got = request("GET", "/v1/completions")
+        self.check_error(status, got, 405)
+        status, got = request("POST", "/v1/completions", b'{"prompt": "' + b"a" * (9 << 20) + b'"}')
+        self.check_error(status, got, 413)
+        # The server still answers normally.
+        status, got = request("POST", "/v1/completions", {"prompt": "hi", "max_tokens": 3, "ignore_eos": True})
+        self.assertEqual(status, 200, got)
+        self.assertEqual(got["usage"]["completion_tokens"], 3)
+
+    def test_openai_client_raises_bad_request(self):
+        with self.assertRaises(openai.BadRequestError):
+            client().completions.create(model=SERVED_NAME, prompt="hi", max_tokens=0)
+
+    def test_api_key(self):
+        if not h.API_KEY:
+            status, _ = request("GET", "/v1/models", key="anything")
+            self.assertEqual(status, 200)
+            return
+        for key in [None, "wrong"]:
+            status, got = request("POST", "/v1/completions", {"prompt": "hi"}, key=key)
+            self.check_error(status, got, 401)
+        status, _ = request("GET", "/health", key=None)  # health and metrics stay open
+        self.assertEqual(status, 200)
+        with self.assertRaises(openai.AuthenticationError):
+            openai.OpenAI(base_url=h.SERVER.url + "/v1", api_key="wrong", max_retries=0).models.list()
+
+
+class Disconnect(unittest.TestCase):
+    def test_client_that_disconnects_mid_stream_frees_its_kv_blocks(self):
+        wait_for_kv_blocks_free(self)
+        aborted_before = metrics().get('nibble_requests_finished_total{finish_reason="abort"}', 0)
+        body = json.dumps({"prompt": "Once upon a time", "max_tokens": 480, "ignore_eos": True, "stream": True})
+        sock = socket.create_connection((h.SERVER.host, h.SERVER.port))
+        auth = f"Authorization: Bearer {h.API_KEY}\r\n" if h.API_KEY else ""
+        sock.sendall((f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n{auth}"
+                      f"Content-Length: {len(body)}\r\n\r\n{body}").encode())
+        received = b""
+        while received.count(b"data: ") < 3:
+            received += sock.recv(4096)
+        self.assertGreater(metrics()["nibble_kv_blocks_used"], 0)
+        sock.close()
+        wait_for_kv_blocks_free(self)
+        self.assertEqual(metrics()['nibble_requests_finished_total{finish_reason="abort"}'], aborted_before + 1)
+
+
+class StopAndSeed(unittest.TestCase):
+    def complete(self, **body):
+        status, r = request("POST", "/v1/completions", {"prompt": "Once upon a time", "max_tokens": 40,
+                                                        "ignore_eos": True, **body})
+        self.assertEqual(status, 200, r)
+        return r
+
+    def test_stop_string_ends_the_text_before_it(self):
+        full = self.complete(temperature=0)["choices"][0]["text"]
+        # A stop string from the middle of the greedy text, starting at its first occurrence.
+        start = len(full) // 2
+        stop = full[start:start + 3]
+        cut = full.index(stop)
+        self.assertTrue(stop.strip(), f"degenerate text {full!r}")
+        r = self.complete(temperature=0, stop=["never-appears-xyz", stop])
+        self.assertEqual(r["choices"][0]["text"], full[:cut])
+        self.assertEqual(r["choices"][0]["finish_reason"], "stop")
+        self.assertLess(r["usage"]["completion_tokens"], 40)
+        events, done = stream("/v1/completions", {"prompt": "Once upon a time", "max_tokens": 40, "ignore_eos": True,
+                                                  "temperature": 0, "stop": stop})
+        self.assertTrue(done)
+        self.assertEqual("".join(e["choices"][0]["text"] for e in events), full[:cut])
+        self.assertEqual(events[-1]["choices"][0]["finish_reason"], "stop")
+        wait_for_kv_blocks_free(self)
+
+    def test_stop_string_in_chat(self):
+        messages = [{"role": "user", "content": "Tell me a story"}]
+        full = client().chat.completions.create(model=SERVED_NAME, messages=messages, max_tokens=30,
+                                                temperature=0, extra_body={"ignore_eos": True})
+        text = full.choices[0].message.content
+        stop = text[len(text) // 2:len(text) // 2 + 2]
+        r = client().chat.completions.create(model=SERVED_NAME, messages=messages, max_tokens=30, temperature=0,
+                                             stop=[stop], extra_body={"ignore_eos": True})
+        self.assertEqual(r.choices[0].message.content, text[:text.index(stop)])
+        self.assertEqual(r.choices[0].finish_reason, "stop")
+
+    def test_seed_reproduces_sampling(self):
+        a = self.complete(temperature=0.9, top_p=0.95, seed=123)["choices"][0]["text"]
+        b = self.complete(temperature=0.9, top_p=0.95, seed=123)["choices"][0]["text"]
+        self.assertEqual(a, b)
+        others = {self.complete(temperature=0.9, top_p=0.95, seed=s)["choices"][0]["text"] for s in (1, 2, 3)}
+        self.assertGreater(len(others | {a}), 1, "different seeds never changed the text")
+        unseeded = {self.complete(temperature=0.9, top_p=0.95)["choices"][0]["text"] for _ in range(3)}
+        self.assertGreater(len(unseeded), 1, "requests without a seed all sampled the same text")
+
+
+class TimedResult(unittest.TextTestResult):
+    def startTest(self, test):
+        self._started = time.time()
+        super().startTest(test)
+
+    def stopTest(self, test):
+        super().stopTest(test)
+        self.stream.writeln(f"    ({time.time() - self._started:.2f} s)")
+
+
+class TimedRunner(unittest.TextTestRunner):
+    resultclass = TimedResult
+
+
+def main():
+    h.NIBBLE, flags = sys.argv[1], sys.argv[2:]
+    if "--api-key" in flags:
+        h.API_KEY = flags[flags.index("--api-key") + 1]
+    start = time.time()
+    h.SERVER = h.Server(h.NIBBLE, flags)
+    print(f"server ready in {time.time() - start:.1f} s at {h.SERVER.url}")
+    try:
+        result = unittest.main(argv=[sys.argv[0], "-v"], exit=False, testRunner=TimedRunner).result
+    finally:
+        stopping = time.time()
+        code = h.SERVER.stop()
+    print(f"server exited with status {code} in {time.time() - stopping:.1f} s")
+    ok = result.wasSuccessful() and code == 0
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()
