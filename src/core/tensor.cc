@@ -1,6 +1,7 @@
 // Tensor construction and views.
 #include "core/tensor.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <numeric>
@@ -81,6 +82,14 @@ Tensor Tensor::operator[](int64_t index) const {
 
 std::string Tensor::describe() const {
   return cat(dtype_name(dtype_), shape_str(shape_), device_ == Device::kCpu ? " on cpu" : " on cuda");
+}
+
+Tensor host_i32(const std::vector<int32_t>& values, Shape shape) {
+  Tensor t = Tensor::zeros(DType::kI32, std::move(shape));
+  check(t.numel() == static_cast<int64_t>(values.size()), "host_i32: ", values.size(), " values for shape ",
+        shape_str(t.shape()));
+  std::copy(values.begin(), values.end(), t.data<int32_t>());
+  return t;
 }
 
 void expect(const Tensor& t, DType dtype, const Shape& shape, const std::string& what) {

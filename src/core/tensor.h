@@ -63,6 +63,9 @@ class Tensor {
   Shape shape_;
 };
 
+// A new CPU I32 tensor holding `values` (count must match the shape).
+Tensor host_i32(const std::vector<int32_t>& values, Shape shape);
+
 // Fails with a message naming `what` unless `t` has this dtype and shape (-1 matches any size).
 void expect(const Tensor& t, DType dtype, const Shape& shape, const std::string& what);
 

@@ -5,16 +5,6 @@
 #include <numeric>
 
 namespace nibble {
-namespace {
-
-Tensor host_i32(const std::vector<int32_t>& values, Shape shape) {
-  Tensor t = Tensor::zeros(DType::kI32, std::move(shape));
-  std::copy(values.begin(), values.end(), t.data<int32_t>());
-  return t;
-}
-
-}  // namespace
-
 Generator::Generator(Model& model, int64_t max_tokens, KvCacheDType kv_dtype, int64_t block_size)
     : model_(model), block_size_(block_size), max_tokens_(max_tokens) {
   check(max_tokens >= 1, "max_tokens must be positive");

@@ -4,16 +4,6 @@
 #include <algorithm>
 
 namespace nibble {
-namespace {
-
-Tensor host_i32(const std::vector<int32_t>& values, Shape shape) {
-  Tensor t = Tensor::zeros(DType::kI32, std::move(shape));
-  std::copy(values.begin(), values.end(), t.data<int32_t>());
-  return t;
-}
-
-}  // namespace
-
 ModelRunner::ModelRunner(Model& model, int64_t num_blocks, int64_t block_size, KvCacheDType kv_dtype)
     : model_(model), cache_(model.allocate_kv_cache(num_blocks, block_size, kv_dtype)) {}
 
