@@ -130,7 +130,8 @@ TEST_P(MoeGemm, MatchesItsDefinition) {
 INSTANTIATE_TEST_SUITE_P(Shapes, MoeGemm,
                          ::testing::Values(GemmCase{8, 2 * 1408, 2880, 1, 2}, GemmCase{8, 2880, 1408, 3, 2},
                                            GemmCase{8, 512, 14336, 8, 2}, GemmCase{64, 256, 1024, 64, 8},
-                                           GemmCase{8, 256, 512, 1000, 1}, GemmCase{256, 128, 256, 40, 8}));
+                                           GemmCase{8, 256, 512, 1000, 1}, GemmCase{256, 128, 256, 40, 8},
+                                           GemmCase{8, 128, 256, 8192, 2}));
 
 struct LayerCase {
   int64_t experts, hidden, inter, tokens, top_k;
@@ -180,7 +181,8 @@ INSTANTIATE_TEST_SUITE_P(Shapes, MoeLayer,
                                            LayerCase{8, 1024, 512, 64, 2, RouterNorm::kNone,
                                                      Activation::kGeluTanh, 2.0f},
                                            LayerCase{8, 2048, 1024, 5, 2, RouterNorm::kNone,
-                                                     Activation::kGelu, 0.0f}));
+                                                     Activation::kGelu, 0.0f},
+                                           LayerCase{8, 1024, 512, 8192, 2}));
 
 }  // namespace
 }  // namespace nibble
