@@ -12,25 +12,84 @@ namespace nibble::cuda {
 
 CudaOps::CudaOps() {
   check(device_count() > 0, "--device cuda: no CUDA device is available");
-  cuda_check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  stream_ = compute_stream();
   check(cublasCreate(&cublas_) == CUBLAS_STATUS_SUCCESS, "cuBLAS initialization failed");
+  cublas_workspace_ = empty(DType::kU8, {int64_t{32} << 20});
+  check(cublasSetWorkspace(cublas_, cublas_workspace_.raw(), static_cast<std::size_t>(cublas_workspace_.nbytes())) ==
+            CUBLAS_STATUS_SUCCESS,
+        "cuBLAS workspace setup failed");
+  check(cublasSetStream(cublas_, stream_) == CUBLAS_STATUS_SUCCESS, "cuBLAS stream setup failed");
+  cublas_check(cublasLtCreate(&cublas_lt_));
+  linear_ws_.lt = cublas_lt_;
 }
 
 CudaOps::~CudaOps() {
   if (cublas_) cublasDestroy(cublas_);
-  if (stream_) cudaStreamDestroy(stream_);
+  if (cublas_lt_) cublasLtDestroy(cublas_lt_);
 }
 
 Tensor CudaOps::empty(DType dtype, Shape shape) { return cuda::empty(dtype, std::move(shape)); }
 
-Tensor CudaOps::upload(const Tensor& host) {
-  cuda_check(cudaStreamSynchronize(stream_));
-  return cuda::upload(host);
+Tensor CudaOps::upload(const Tensor& host) { return cuda::upload(host); }
+
+Tensor CudaOps::download(const Tensor& device_tensor) { return cuda::download(device_tensor); }
+
+MemoryInfo CudaOps::memory_info() const {
+  // Memory freed into the stream-ordered pool is held there, unseen by cudaMemGetInfo: give it back
+  // first, so `free` counts it (outside any step: this synchronizes the device).
+  int device = 0;
+  cudaMemPool_t pool = nullptr;
+  cuda_check(cudaDeviceSynchronize());
+  cuda_check(cudaGetDevice(&device));
+  cuda_check(cudaDeviceGetDefaultMemPool(&pool, device));
+  cuda_check(cudaMemPoolTrimTo(pool, 0));
+  std::size_t free = 0, total = 0;
+  cuda_check(cudaMemGetInfo(&free, &total));
+  return {.free_bytes = static_cast<int64_t>(free), .total_bytes = static_cast<int64_t>(total)};
 }
 
-Tensor CudaOps::download(const Tensor& device_tensor) {
+void CudaOps::copy_to_device(const Tensor& host, Tensor& dst) { cuda::copy_to_device(host, dst); }
+
+namespace {
+
+// A captured CUDA graph and the device memory its kernels use.
+class CudaGraph final : public RecordedStep {
+ public:
+  CudaGraph(cudaGraphExec_t exec, std::vector<std::shared_ptr<void>> memory, cudaStream_t stream)
+      : exec_(exec), memory_(std::move(memory)), stream_(stream) {}
+  ~CudaGraph() override { (void)cudaGraphExecDestroy(exec_); }
+  CudaGraph(const CudaGraph&) = delete;
+  CudaGraph& operator=(const CudaGraph&) = delete;
+  void replay() override { cuda_check(cudaGraphLaunch(exec_, stream_)); }
+
+ private:
+  cudaGraphExec_t exec_;
+  std::vector<std::shared_ptr<void>> memory_;
+  cudaStream_t stream_;
+};
+
+}  // namespace
+
+std::unique_ptr<RecordedStep> CudaOps::record(const std::function<void()>& step) {
   cuda_check(cudaStreamSynchronize(stream_));
-  return cuda::download(device_tensor);
+  GraphMemory memory;
+  cudaGraph_t graph = nullptr;
+  // Relaxed: allocations (cudaMalloc, kept by the graph) are allowed while capturing.
+  cuda_check(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed));
+  try {
+    step();
+  } catch (...) {
+    (void)cudaStreamEndCapture(stream_, &graph);
+    if (graph) (void)cudaGraphDestroy(graph);
+    (void)cudaGetLastError();
+    throw;
+  }
+  cuda_check(cudaStreamEndCapture(stream_, &graph));
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t status = cudaGraphInstantiate(&exec, graph, 0);
+  (void)cudaGraphDestroy(graph);
+  cuda_check(status);
+  return std::make_unique<CudaGraph>(exec, memory.release(), stream_);
 }
 
 MoeWeights CudaOps::prepare_moe(const MoeWeights& host) {
@@ -89,7 +148,7 @@ void CudaOps::moe(const Tensor& x, const MoeWeights& w, const MoeParams& params,
                                .gate_up_scale = w.experts.gate_up_scale, .down = w.experts.down,
                                .down_scale = w.experts.down_scale, .router = w.router};
   if (!moe_ws_ || moe_ws_->max_tokens < x.dim(0) || moe_ws_->top_k != params.top_k) {
-    cuda_check(cudaStreamSynchronize(stream_));  // the old workspace may still be in use
+    if (moe_ws_) retired_moe_ws_.push_back(std::move(moe_ws_));
     moe_ws_ = std::make_unique<MoeWorkspace>(weights, std::max<int64_t>(x.dim(0), 64), params.top_k);
   }
   moe_w4a8(x, weights, params, *moe_ws_, out, stream_);

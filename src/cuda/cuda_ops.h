@@ -8,6 +8,7 @@
 #include <map>
 #include <memory>
 #include <utility>
+#include <vector>
 
 #include "cuda/linear.h"
 #include "cuda/moe.h"
@@ -28,7 +29,10 @@ class CudaOps final : public Ops {
   Tensor empty(DType dtype, Shape shape) override;
   Tensor upload(const Tensor& host) override;
   Tensor download(const Tensor& device_tensor) override;
+  MemoryInfo memory_info() const override;  // cudaMemGetInfo
   MoeWeights prepare_moe(const MoeWeights& host) override;
+  void copy_to_device(const Tensor& host, Tensor& dst) override;
+  std::unique_ptr<RecordedStep> record(const std::function<void()>& step) override;
 
   void embedding(const Tensor& ids, const Tensor& table, Tensor& out) override;
   void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) override;
@@ -46,9 +50,12 @@ class CudaOps final : public Ops {
  private:
   cudaStream_t stream_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
+  cublasLtHandle_t cublas_lt_ = nullptr;
+  Tensor cublas_workspace_;  // U8: given to cuBLAS so it never allocates (CUDA graph capture)
   LinearWorkspace linear_ws_;
   std::map<std::pair<double, int64_t>, Tensor> inv_freq_;  // (theta, head_dim) -> F32 (head_dim / 2)
   std::unique_ptr<MoeWorkspace> moe_ws_;
+  std::vector<std::unique_ptr<MoeWorkspace>> retired_moe_ws_;  // recorded graphs may still use them
 };
 
 }  // namespace nibble::cuda

@@ -1,6 +1,8 @@
-// BF16 linears through cuBLAS; FP8 linears through per-token quantization and a warp-per-output kernel.
+// BF16 linears through cuBLAS; FP8 linears through per-token quantization, cuBLASLt and a scaling pass.
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
+
+#include <algorithm>
 
 #include "cuda/cuda_check.h"
 #include "cuda/device.h"
@@ -10,48 +12,37 @@
 namespace nibble::cuda {
 namespace {
 
-void cublas_check(cublasStatus_t status) {
-  check(status == CUBLAS_STATUS_SUCCESS, "cuBLAS error ", static_cast<int>(status));
-}
+constexpr std::size_t kLtScratchBytes = std::size_t{32} << 20;
 
-constexpr int kWarps = 8;
-
-struct Fp8LinearArgs {
-  const uint8_t* x;       // (T, K)
-  const float* x_scale;   // (T)
-  const uint8_t* w;       // (N, K)
-  const float* w_scale;   // (N)
-  void* out;              // (T, N)
+struct ScaleArgs {
+  const float* product;  // (T, N)
+  const float* x_scale;  // (T)
+  const float* w_scale;  // (N)
+  void* out;             // (T, N) BF16 or F32
   bool out_f32;
-  int64_t n, k;
+  int64_t tokens, n;
 };
 
-__device__ inline float fp8_value(uint8_t b) {
-  return __half2float(__half(__nv_cvt_fp8_to_halfraw(b, __NV_E4M3)));
+// out = product · x_scale[t] · w_scale[n], four elements a thread.
+__global__ void scale_product_kernel(const __grid_constant__ ScaleArgs p) {
+  const int64_t total = p.tokens * p.n;
+  for (int64_t i = 4 * (blockIdx.x * int64_t{blockDim.x} + threadIdx.x); i < total;
+       i += 4 * int64_t{gridDim.x} * blockDim.x) {
+    for (int64_t j = i; j < i + 4 && j < total; ++j) {
+      const float y = p.product[j] * p.x_scale[j / p.n] * p.w_scale[j % p.n];
+      if (p.out_f32)
+        static_cast<float*>(p.out)[j] = y;
+      else
+        static_cast<__nv_bfloat16*>(p.out)[j] = __float2bfloat16_rn(y);
+    }
+  }
 }
 
-// Grid (T, N / 8): each warp one output, lanes over K 16 bytes at a time.
-__global__ void fp8_linear_kernel(const __grid_constant__ Fp8LinearArgs p) {
-  const int64_t t = blockIdx.x, n = static_cast<int64_t>(blockIdx.y) * kWarps + threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  if (n >= p.n) return;
-  const auto* x = reinterpret_cast<const uint4*>(p.x + t * p.k);
-  const auto* w = reinterpret_cast<const uint4*>(p.w + n * p.k);
-  float acc = 0.0f;
-  for (int64_t i = lane; i < p.k / 16; i += 32) {
-    const uint4 xv = x[i], wv = w[i];
-    const auto* xb = reinterpret_cast<const uint8_t*>(&xv);
-    const auto* wb = reinterpret_cast<const uint8_t*>(&wv);
-#pragma unroll
-    for (int j = 0; j < 16; ++j) acc += fp8_value(xb[j]) * fp8_value(wb[j]);
-  }
-  for (int o = 16; o > 0; o /= 2) acc += __shfl_xor_sync(0xFFFFFFFFu, acc, o);
-  if (lane != 0) return;
-  const float y = acc * p.x_scale[t] * p.w_scale[n];
-  if (p.out_f32)
-    static_cast<float*>(p.out)[t * p.n + n] = y;
-  else
-    static_cast<__nv_bfloat16*>(p.out)[t * p.n + n] = __float2bfloat16_rn(y);
+// Grows `t` to at least `numel` elements, keeping the old buffer alive.
+void grow(Tensor& t, DType dtype, int64_t numel, std::vector<Tensor>& retired) {
+  if (t.defined() && t.numel() >= numel) return;
+  if (t.defined()) retired.push_back(t);
+  t = empty(dtype, {numel});
 }
 
 }  // namespace
@@ -75,20 +66,24 @@ void linear(const Tensor& x, const Linear& w, Tensor& out, cublasHandle_t handle
     return;
   }
   check(w.format == WeightFormat::kFp8, "CUDA linear: ", weight_format_name(w.format), " weights are not supported");
-  check(K % 64 == 0, "CUDA FP8 linear: input size ", K, " is not a multiple of 64");
-  if (ws.x_fp8.numel() < T * K) {
-    ws.x_fp8 = empty(DType::kF8E4M3, {T * K});
-    ws.x_scale = empty(DType::kF32, {T});
-    ws.x_sums = empty(DType::kF32, {T * (K / 64)});
-  }
+  check(K % 64 == 0 && N % 16 == 0, "CUDA FP8 linear: sizes ", N, "x", K, " are not multiples of 16 and 64");
+  check(ws.lt != nullptr, "CUDA FP8 linear: no cuBLASLt handle");
+  grow(ws.x_fp8, DType::kF8E4M3, T * K, ws.retired);
+  grow(ws.x_scale, DType::kF32, T, ws.retired);
+  grow(ws.x_sums, DType::kF32, T * (K / 64), ws.retired);
+  grow(ws.product, DType::kF32, T * N, ws.retired);
+  grow(ws.lt_scratch, DType::kU8, static_cast<int64_t>(kLtScratchBytes), ws.retired);
   quantize_rows_fp8({.x = x.raw(), .codes = ws.x_fp8.data<uint8_t>(), .scale = ws.x_scale.data<float>(),
                      .sums = ws.x_sums.data<float>(), .rows = T, .cols = K, .static_scale = w.input_scale},
                     stream);
-  const dim3 grid(static_cast<unsigned>(T), static_cast<unsigned>((N + kWarps - 1) / kWarps));
-  fp8_linear_kernel<<<grid, kWarps * 32, 0, stream>>>({.x = ws.x_fp8.data<uint8_t>(), .x_scale = ws.x_scale.data<float>(),
-                                                       .w = w.weight.data<uint8_t>(), .w_scale = w.scale.data<float>(),
-                                                       .out = out.raw(), .out_f32 = out.dtype() == DType::kF32,
-                                                       .n = N, .k = K});
+  auto& plan = ws.plans[{N, T, K}];
+  if (!plan) plan = std::make_unique<LtFp8Gemm>(ws.lt, N, T, K, kLtScratchBytes, DType::kF32);
+  plan->run(w.weight.raw(), ws.x_fp8.raw(), ws.product.raw(), 1.0f, ws.lt_scratch.raw(), stream);
+  const auto blocks = static_cast<unsigned>(std::min<int64_t>((T * N / 4 + 255) / 256 + 1, 4096));
+  scale_product_kernel<<<blocks, 256, 0, stream>>>({.product = ws.product.data<float>(),
+                                                   .x_scale = ws.x_scale.data<float>(),
+                                                   .w_scale = w.scale.data<float>(), .out = out.raw(),
+                                                   .out_f32 = out.dtype() == DType::kF32, .tokens = T, .n = N});
   cuda_check(cudaGetLastError());
 }
 

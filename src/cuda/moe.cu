@@ -42,9 +42,9 @@ MoeWeightsW4A8 upload_moe_w4a8(const MoeWeights& host) {
   return {.num_experts = E,
           .hidden_size = H,
           .intermediate_size = I,
-          .gate_up = upload(repack_int4_for_gemm(ex.gate_up)),
+          .gate_up = repack_int4_for_gemm_gpu(upload(ex.gate_up)),
           .gate_up_scale = upload(ex.gate_up_scale),
-          .down = upload(repack_int4_for_gemm(ex.down)),
+          .down = repack_int4_for_gemm_gpu(upload(ex.down)),
           .down_scale = upload(ex.down_scale),
           .router = upload(host.router)};
 }

@@ -26,6 +26,8 @@ inline constexpr int kGemmKBlock = 64;  // K granularity of the layout and of th
 // codes: I32 (E, N, K/8) in the on-disk reorder packing (quant/int4.h), on the CPU.
 // Returns U8 (E, N·K/2) in the kernel's layout, on the CPU. N % 16 == 0 and K % 64 == 0.
 Tensor repack_int4_for_gemm(const Tensor& codes);
+// The same on the GPU: codes I32 (E, N, K/8) on the device -> U8 (E, N·K/2) on the device.
+Tensor repack_int4_for_gemm_gpu(const Tensor& codes);
 
 struct GemmW4A8Args {
   const void* weights;          // repacked (E, N·K/2)

@@ -10,7 +10,10 @@ Engine::Engine(Model& model, EngineConfig config)
       config_(config),
       blocks_(config.num_blocks, config.block_size),
       scheduler_(config.scheduler, blocks_),
-      runner_(model, config.num_blocks, config.block_size, config.kv_dtype) {}
+      runner_(model, config.num_blocks, config.block_size, config.kv_dtype,
+              {.cuda_graphs = config.cuda_graphs,
+               .max_graph_batch = config.scheduler.max_running,
+               .max_context = 0}) {}
 
 int64_t Engine::add_request(std::vector<int32_t> prompt, RequestParams params) {
   const ModelConfig& c = model_.config();

@@ -19,6 +19,7 @@ struct EngineConfig {
   int64_t block_size = 16;   // tokens per block
   KvCacheDType kv_dtype = KvCacheDType::kBf16;
   SchedulerConfig scheduler;
+  CudaGraphs cuda_graphs = CudaGraphs::kOn;  // decode steps up to max_running_requests sequences
 };
 
 struct StepOutput {

@@ -4,11 +4,55 @@
 #include <algorithm>
 
 namespace nibble {
-ModelRunner::ModelRunner(Model& model, int64_t num_blocks, int64_t block_size, KvCacheDType kv_dtype)
-    : model_(model), cache_(model.allocate_kv_cache(num_blocks, block_size, kv_dtype)) {}
+namespace {
+
+int64_t max_blocks_per_seq(const Model& model, int64_t num_blocks, int64_t block_size, const RunnerOptions& o) {
+  const int64_t context = o.max_context > 0 ? o.max_context : model.config().max_position_embeddings;
+  return std::min(num_blocks, (std::max<int64_t>(context, 1) + block_size - 1) / block_size);
+}
+
+bool is_decode(const std::vector<ScheduledSeq>& step) {
+  return std::all_of(step.begin(), step.end(), [](const ScheduledSeq& s) {
+    return s.new_tokens == 1 && s.samples && s.seq->num_computed_tokens > 0;
+  });
+}
+
+}  // namespace
+
+ModelRunner::ModelRunner(Model& model, int64_t num_blocks, int64_t block_size, KvCacheDType kv_dtype,
+                         RunnerOptions options)
+    : model_(model),
+      cache_(model.allocate_kv_cache(num_blocks + 1, block_size, kv_dtype)),
+      graphs_(model, cache_, options.cuda_graphs == CudaGraphs::kOn ? options.max_graph_batch : 0,
+              max_blocks_per_seq(model, num_blocks, block_size, options), static_cast<int32_t>(num_blocks)) {}
+
+std::vector<int32_t> ModelRunner::sample(const std::vector<ScheduledSeq>& step, const Tensor& logits) {
+  std::vector<int32_t> sampled;
+  std::size_t r = 0;
+  const auto vocab = static_cast<std::size_t>(logits.dim(1));
+  for (const ScheduledSeq& s : step)
+    if (s.samples) sampled.push_back(s.seq->sampler.sample({logits.data<float>() + r++ * vocab, vocab}));
+  return sampled;
+}
+
+std::vector<int32_t> ModelRunner::run_decode_graph(const std::vector<ScheduledSeq>& step) {
+  const int64_t block_size = cache_.block_size;
+  DecodeInputs in;
+  for (const ScheduledSeq& s : step) {
+    const Sequence& seq = *s.seq;
+    const int64_t p = seq.num_computed_tokens;
+    in.token_ids.push_back(seq.tokens()[p]);
+    in.positions.push_back(static_cast<int32_t>(p));
+    in.seq_lens.push_back(static_cast<int32_t>(p + 1));
+    in.slot_mapping.push_back(static_cast<int32_t>(seq.block_table[p / block_size] * block_size + p % block_size));
+    in.block_tables.emplace_back(seq.block_table.begin(), seq.block_table.end());
+  }
+  return sample(step, graphs_.run(in));
+}
 
 std::vector<int32_t> ModelRunner::run(const std::vector<ScheduledSeq>& step) {
   if (step.empty()) return {};
+  if (is_decode(step) && graphs_.covers(static_cast<int64_t>(step.size()))) return run_decode_graph(step);
   const int64_t block_size = cache_.block_size;
   std::vector<int32_t> ids, positions, slots, query_start{0}, seq_lens, rows;
   std::size_t max_blocks = 1;
@@ -44,13 +88,7 @@ std::vector<int32_t> ModelRunner::run(const std::vector<ScheduledSeq>& step) {
                            .logit_rows = ops.upload(host_i32(rows, {static_cast<int64_t>(rows.size())})),
                            .max_query_len = max_query,
                            .max_seq_len = max_len};
-  const Tensor logits = ops.download(model_.forward(batch, cache_));
-  std::vector<int32_t> sampled;
-  std::size_t r = 0;
-  const auto vocab = static_cast<std::size_t>(logits.dim(1));
-  for (const ScheduledSeq& s : step)
-    if (s.samples) sampled.push_back(s.seq->sampler.sample({logits.data<float>() + r++ * vocab, vocab}));
-  return sampled;
+  return sample(step, ops.download(model_.forward(batch, cache_)));
 }
 
 }  // namespace nibble

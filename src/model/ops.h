@@ -6,6 +6,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <memory>
 
 #include "core/tensor.h"
 #include "model/forward_batch.h"
@@ -36,6 +38,20 @@ struct AttentionParams {
   float logit_softcap = 0.0f;  // scaled logits become cap·tanh(logit / cap) before the softmax; 0 = off
 };
 
+// A step recorded once and replayed with no host work in between (a CUDA graph). It reads and writes
+// the same device tensors at every replay: refill its inputs in place (copy_to_device) before replay().
+class RecordedStep {
+ public:
+  virtual ~RecordedStep() = default;
+  virtual void replay() = 0;
+};
+
+// Free and total bytes of a backend's memory: the GPU's, or the host's on the CPU backend.
+struct MemoryInfo {
+  int64_t free_bytes = 0;
+  int64_t total_bytes = 0;
+};
+
 class Ops {
  public:
   virtual ~Ops() = default;
@@ -47,9 +63,14 @@ class Ops {
   virtual Tensor empty(DType dtype, Shape shape) = 0;
   virtual Tensor upload(const Tensor& host) = 0;
   virtual Tensor download(const Tensor& device_tensor) = 0;
+  virtual MemoryInfo memory_info() const = 0;
   // Puts a layer's MoE weights (CPU tensors, the formats of weights.h) on the device in the layout
   // this backend's `moe` reads; by default each tensor is uploaded as it is. The loader calls it.
   virtual MoeWeights prepare_moe(const MoeWeights& host);
+  // dst (on this backend) = host (same dtype and element count), queued after the work before it.
+  virtual void copy_to_device(const Tensor& host, Tensor& dst);
+  // Records the device work `step` queues, for replay; nullptr where the backend cannot record (CPU).
+  virtual std::unique_ptr<RecordedStep> record(const std::function<void()>& step);
 
   // out (T, H) = table[ids] for ids (T) I32 and table (V, H) BF16.
   virtual void embedding(const Tensor& ids, const Tensor& table, Tensor& out) = 0;

@@ -51,6 +51,16 @@ Tensor i32_tensor(const std::vector<int32_t>& v) {
   return t;
 }
 
+// The GPU repack (used at load time) writes exactly the bytes of its host twin.
+TEST(RepackInt4, GpuEqualsHost) {
+  SKIP_WITHOUT_GPU();
+  const HostInt4 w = random_int4(3, 48, 192, 11);
+  const Tensor host = cuda::repack_int4_for_gemm(w.packed);
+  const Tensor gpu = cuda::download(cuda::repack_int4_for_gemm_gpu(cuda::upload(w.packed)));
+  ASSERT_EQ(gpu.shape(), host.shape());
+  EXPECT_EQ(std::memcmp(gpu.raw(), host.raw(), static_cast<std::size_t>(host.nbytes())), 0);
+}
+
 class MoeGemm : public ::testing::TestWithParam<GemmCase> {};
 
 TEST_P(MoeGemm, MatchesItsDefinition) {

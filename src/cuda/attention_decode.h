@@ -1,0 +1,21 @@
+// Paged decode attention (one query token per sequence) over a BF16 or FP8 KV cache: split-KV
+// ("flash-decoding"). Each block takes one sequence, one KV head and one slice of its context, scores
+// the whole GQA group of query heads against each key it loads once, and keeps an online softmax;
+// a second kernel merges the slices. The launch depends only on the batch size and the block-table
+// width, never on the context lengths, so a CUDA graph replays it at any context.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include "model/ops.h"
+
+namespace nibble::cuda {
+
+// Whether attention_decode handles this batch and these heads (else the plain kernel runs).
+bool attention_decode_supported(const ForwardBatch& batch, const AttentionParams& params);
+
+// The KV of this step must already be in the cache. q is the first Hq·D columns of qkv (S, width).
+void attention_decode(const Tensor& qkv, const KvCacheLayer& cache, KvCacheDType cache_dtype,
+                      const ForwardBatch& batch, const AttentionParams& params, Tensor& out, cudaStream_t stream);
+
+}  // namespace nibble::cuda
