@@ -93,11 +93,9 @@ std::unique_ptr<RecordedStep> CudaOps::record(const std::function<void()>& step)
 }
 
 MoeWeights CudaOps::prepare_moe(const MoeWeights& host) {
-  check(host.experts.format == WeightFormat::kInt4, "--device cuda runs ",
-        weight_format_name(host.experts.format), " experts not yet: use --quantization quark_int4fp8_moe");
   const MoeWeightsW4A8 w = upload_moe_w4a8(host);
   return {.router = w.router,
-          .experts = {.format = WeightFormat::kInt4, .num_experts = w.num_experts, .hidden_size = w.hidden_size,
+          .experts = {.format = host.experts.format, .num_experts = w.num_experts, .hidden_size = w.hidden_size,
                       .intermediate_size = w.intermediate_size, .gate_up = w.gate_up, .gate_up_scale = w.gate_up_scale,
                       .down = w.down, .down_scale = w.down_scale}};
 }
@@ -143,7 +141,9 @@ void CudaOps::attention(const Tensor& qkv, KvCacheLayer& cache, KvCacheDType cac
 }
 
 void CudaOps::moe(const Tensor& x, const MoeWeights& w, const MoeParams& params, Tensor& out) {
-  const MoeWeightsW4A8 weights{.num_experts = w.experts.num_experts, .hidden_size = w.experts.hidden_size,
+  const MoeWeightsW4A8 weights{.format = w.experts.format == WeightFormat::kFp8 ? ExpertWeightFormat::kFp8
+                                                                                : ExpertWeightFormat::kInt4,
+                               .num_experts = w.experts.num_experts, .hidden_size = w.experts.hidden_size,
                                .intermediate_size = w.experts.intermediate_size, .gate_up = w.experts.gate_up,
                                .gate_up_scale = w.experts.gate_up_scale, .down = w.experts.down,
                                .down_scale = w.experts.down_scale, .router = w.router};

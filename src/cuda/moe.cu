@@ -1,4 +1,4 @@
-// The W4A8 MoE layer: weights upload, workspace, and the sequence of kernels (moe.h).
+// The W4A8 (or W8A8) MoE layer: weights upload, workspace, and the sequence of kernels (moe.h).
 #include "cuda/moe.h"
 
 #include <algorithm>
@@ -34,17 +34,20 @@ int64_t max_split_rows(int64_t n, int64_t k, int64_t experts, int64_t top_k, int
 
 MoeWeightsW4A8 upload_moe_w4a8(const MoeWeights& host) {
   const Experts& ex = host.experts;
-  check(ex.format == WeightFormat::kInt4, "upload_moe_w4a8: experts are ", weight_format_name(ex.format),
-        ", not int4");
+  check(ex.format == WeightFormat::kInt4 || ex.format == WeightFormat::kFp8, "--device cuda runs INT4 or FP8 experts, not ",
+        weight_format_name(ex.format), ": use --quantization quark_int4fp8_moe or fp8");
+  const bool fp8 = ex.format == WeightFormat::kFp8;
+  auto repack = [&](const Tensor& t) { return fp8 ? repack_fp8_for_gemm_gpu(upload(t)) : repack_int4_for_gemm_gpu(upload(t)); };
   const int64_t E = ex.num_experts, H = ex.hidden_size, I = ex.intermediate_size;
   check(H % 64 == 0 && I % 64 == 0, "the W4A8 MoE kernels need hidden (", H, ") and expert intermediate (", I,
         ") sizes that are multiples of 64");
-  return {.num_experts = E,
+  return {.format = fp8 ? ExpertWeightFormat::kFp8 : ExpertWeightFormat::kInt4,
+          .num_experts = E,
           .hidden_size = H,
           .intermediate_size = I,
-          .gate_up = repack_int4_for_gemm_gpu(upload(ex.gate_up)),
+          .gate_up = repack(ex.gate_up),
           .gate_up_scale = upload(ex.gate_up_scale),
-          .down = repack_int4_for_gemm_gpu(upload(ex.down)),
+          .down = repack(ex.down),
           .down_scale = upload(ex.down_scale),
           .router = upload(host.router)};
 }
@@ -94,7 +97,7 @@ void moe_w4a8(const Tensor& x, const MoeWeightsW4A8& w, const MoeParams& params,
                      .sums = ws.x_sums.data<float>(), .rows = T, .cols = H},
                     stream);
   const int64_t gate_up_splits = choose_k_splits(2 * I, H, slots, rows, ws.num_sms);
-  moe_gemm_w4a8({.weights = w.gate_up.raw(), .weight_scale = w.gate_up_scale.data<float>(),
+  moe_gemm_w4a8({.weight_format = w.format, .weights = w.gate_up.raw(), .weight_scale = w.gate_up_scale.data<float>(),
                  .act = ws.x_fp8.data<uint8_t>(), .act_scale = ws.x_scale.data<float>(),
                  .act_sums = ws.x_sums.data<float>(), .act_row = ws.sorted_tokens.data<int32_t>(),
                  .expert_offsets = ws.expert_offsets.data<int32_t>(),
@@ -108,7 +111,7 @@ void moe_w4a8(const Tensor& x, const MoeWeightsW4A8& w, const MoeParams& params,
                            .activation = params.activation},
                           stream);
   const int64_t down_splits = choose_k_splits(H, I, slots, rows, ws.num_sms);
-  moe_gemm_w4a8({.weights = w.down.raw(), .weight_scale = w.down_scale.data<float>(),
+  moe_gemm_w4a8({.weight_format = w.format, .weights = w.down.raw(), .weight_scale = w.down_scale.data<float>(),
                  .act = ws.act_fp8.data<uint8_t>(), .act_scale = ws.act_scale.data<float>(),
                  .act_sums = ws.act_sums.data<float>(), .act_row = nullptr,
                  .expert_offsets = ws.expert_offsets.data<int32_t>(),

@@ -10,23 +10,25 @@
 
 #include "core/tensor.h"
 #include "model/ops.h"
+#include "cuda/moe_gemm_w4a8.h"
 #include "model/weights.h"
 
 namespace nibble::cuda {
 
-// Expert weights in the GEMM kernels' layout, on the device (see moe_gemm_w4a8.cuh for the layout).
+// Expert weights in the GEMM kernels' layout, on the device (see moe_gemm_w4a8.h for the layouts).
 struct MoeWeightsW4A8 {
+  ExpertWeightFormat format = ExpertWeightFormat::kInt4;
   int64_t num_experts = 0;
   int64_t hidden_size = 0;        // H
   int64_t intermediate_size = 0;  // I
-  Tensor gate_up;        // U8 (E, 2I·H/2) repacked INT4, gate and up rows interleaved per 16-row tile
+  Tensor gate_up;        // U8 (E, 2I·H/2) repacked INT4 or (E, 2I·H) repacked FP8; rows [0, I) gate, [I, 2I) up
   Tensor gate_up_scale;  // F32 (E, 2I) in the repacked row order
-  Tensor down;           // U8 (E, H·I/2) repacked INT4
+  Tensor down;           // U8 (E, H·I/2) repacked INT4 or (E, H·I) repacked FP8
   Tensor down_scale;     // F32 (E, H)
   Tensor router;         // BF16 (E, H)
 };
 
-// From the CPU weights the loader produced (format kInt4, the on-disk reorder packing).
+// From the CPU weights the loader produced (kInt4 in the on-disk reorder packing, or kFp8).
 MoeWeightsW4A8 upload_moe_w4a8(const MoeWeights& host);
 
 // Scratch memory for up to `max_tokens` tokens; reused by every call. Rows are (token, k) pairs in

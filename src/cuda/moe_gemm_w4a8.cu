@@ -1,4 +1,5 @@
-// Grouped INT4 × FP8 GEMM kernel (see moe_gemm_w4a8.h for the contract and the weight layout).
+// Grouped INT4 × FP8 (or FP8 × FP8) GEMM kernel (see moe_gemm_w4a8.h for the contract and the weight
+// layouts).
 // A block is one warpgroup owning 64 output channels of one expert and up to kTokenTiles × 8 of its
 // rows at a time; it walks its K range through a 4-stage cp.async pipeline of 256-wide K steps (weights per lane,
 // activations shared in wgmma's core-matrix layout) and multiplies with wgmma (A = weights from
@@ -23,21 +24,22 @@ constexpr int kCoreBytes = 128;     // a wgmma core matrix: 8 rows × 16 bytes
 // One stage: per K block, the warps' weight fragments, and the activations as K-major core matrices,
 // core matrix (row group j, 16-byte K column c) at (j · 4 + c) · 128: 128 bytes between K neighbours,
 // 512 between row groups.
-template <int kTokenTiles>
+template <int kTokenTiles, bool kFp8>
 struct alignas(128) GemmSmem {
-  uint4 weights[kStages][kBlocksPerStage][kWarps][32];
+  uint4 weights[kStages][kBlocksPerStage][kWarps][kFp8 ? 64 : 32];  // 16 or 32 bytes a lane per K block
   uint8_t act[kStages][kBlocksPerStage][kTokenTiles * 8 * kGemmKBlock];
   int64_t act_row[kTokenTiles * 8];
   float token_sum[kTokenTiles * 8];
   float token_scale[kTokenTiles * 8];
 };
 
-template <int kTokenTiles>
+template <int kTokenTiles, bool kFp8>
 __global__ void __launch_bounds__(kThreads, 4) moe_gemm_w4a8_kernel(const __grid_constant__ GemmW4A8Args p) {
   constexpr int kRows = kTokenTiles * 8;
   constexpr int kAcc = kRows / 2;  // f32 accumulator registers per thread of an m64 × kRows tile
+  constexpr int kLaneWords = kFp8 ? 2 : 1;  // uint4 a lane per K block
   extern __shared__ uint4 smem_raw[];
-  auto& sm = *reinterpret_cast<GemmSmem<kTokenTiles>*>(smem_raw);
+  auto& sm = *reinterpret_cast<GemmSmem<kTokenTiles, kFp8>*>(smem_raw);
 
   const int slot = blockIdx.y;
   if (slot >= p.active_experts[p.num_experts]) return;
@@ -53,7 +55,8 @@ __global__ void __launch_bounds__(kThreads, 4) moe_gemm_w4a8_kernel(const __grid
   const int64_t kb_begin = blockIdx.z * per_split;
   const int64_t kb_count = min(kblocks, kb_begin + per_split) - kb_begin;
   const int64_t stage_count = (kb_count + kBlocksPerStage - 1) / kBlocksPerStage;
-  const uint4* weights = static_cast<const uint4*>(p.weights) + (expert * tiles + tile) * kblocks * 32 + lane;
+  const uint4* weights =
+      static_cast<const uint4*>(p.weights) + ((expert * tiles + tile) * kblocks * 32 + lane) * kLaneWords;
 
   for (int chunk = 0; chunk < rows; chunk += kRows) {
     // The activation row of each row of this chunk (-1 past the expert's last row).
@@ -67,7 +70,10 @@ __global__ void __launch_bounds__(kThreads, 4) moe_gemm_w4a8_kernel(const __grid
       for (int b = 0; b < kBlocksPerStage; ++b) {
         const int64_t kb = kb_begin + first + b;
         if (first + b >= kb_count) break;
-        if (tile_valid) ptx::cp_async_16(&sm.weights[stage][b][warp][lane], weights + kb * 32);
+        if (tile_valid)
+#pragma unroll
+          for (int w = 0; w < kLaneWords; ++w)
+            ptx::cp_async_16(&sm.weights[stage][b][warp][lane * kLaneWords + w], weights + kb * 32 * kLaneWords + w);
         for (int i = threadIdx.x; i < kRows * 4; i += kThreads) {
           const int rr = i / 4, c = i % 4;
           const int64_t act_row = sm.act_row[rr];
@@ -90,7 +96,7 @@ __global__ void __launch_bounds__(kThreads, 4) moe_gemm_w4a8_kernel(const __grid
       const int rr = threadIdx.x / kThreadsPerRow, part = threadIdx.x % kThreadsPerRow;
       const int64_t act_row = sm.act_row[rr];
       float sum = 0.0f;
-      if (act_row >= 0) {
+      if (!kFp8 && act_row >= 0) {
         const float* sums = p.act_sums + act_row * kblocks + kb_begin;
 #pragma unroll 4
         for (int64_t kb = part; kb < kb_count; kb += kThreadsPerRow) sum += sums[kb];
@@ -114,12 +120,19 @@ __global__ void __launch_bounds__(kThreads, 4) moe_gemm_w4a8_kernel(const __grid
 #pragma unroll
       for (int b = 0; b < kBlocksPerStage; ++b) {
         if (i * kBlocksPerStage + b >= kb_count) break;
-        // Each nibble u becomes the FP8 byte u, worth u · 2^-9: low nibbles are rows g, high g + 8.
-        const uint4 w = sm.weights[stage][b][warp][lane];
-        const uint32_t a0[4] = {w.x & 0x0F0F0F0Fu, (w.x >> 4) & 0x0F0F0F0Fu, w.y & 0x0F0F0F0Fu,
-                                (w.y >> 4) & 0x0F0F0F0Fu};
-        const uint32_t a1[4] = {w.z & 0x0F0F0F0Fu, (w.z >> 4) & 0x0F0F0F0Fu, w.w & 0x0F0F0F0Fu,
-                                (w.w >> 4) & 0x0F0F0F0Fu};
+        uint32_t a0[4], a1[4];
+        if constexpr (kFp8) {  // the two K steps' A fragments, as stored
+          const uint4 lo = sm.weights[stage][b][warp][2 * lane], hi = sm.weights[stage][b][warp][2 * lane + 1];
+          a0[0] = lo.x, a0[1] = lo.y, a0[2] = lo.z, a0[3] = lo.w;
+          a1[0] = hi.x, a1[1] = hi.y, a1[2] = hi.z, a1[3] = hi.w;
+        } else {
+          // Each nibble u becomes the FP8 byte u, worth u · 2^-9: low nibbles are rows g, high g + 8.
+          const uint4 w = sm.weights[stage][b][warp][lane];
+          a0[0] = w.x & 0x0F0F0F0Fu, a0[1] = (w.x >> 4) & 0x0F0F0F0Fu;
+          a0[2] = w.y & 0x0F0F0F0Fu, a0[3] = (w.y >> 4) & 0x0F0F0F0Fu;
+          a1[0] = w.z & 0x0F0F0F0Fu, a1[1] = (w.z >> 4) & 0x0F0F0F0Fu;
+          a1[2] = w.w & 0x0F0F0F0Fu, a1[3] = (w.w >> 4) & 0x0F0F0F0Fu;
+        }
         const uint8_t* act = sm.act[stage][b];
         float d[kAcc];
         wgmma::fence();
@@ -143,7 +156,7 @@ __global__ void __launch_bounds__(kThreads, 4) moe_gemm_w4a8_kernel(const __grid
         const int rr = (j / 4) * 8 + 2 * q + (j & 1);
         const int64_t channel = tile * 16 + g + ((j & 2) ? 8 : 0);
         if (chunk + rr >= rows) continue;
-        const float dot = acc[j] * 512.0f - 8.0f * sm.token_sum[rr];
+        const float dot = kFp8 ? acc[j] : acc[j] * 512.0f - 8.0f * sm.token_sum[rr];
         out[rr * p.n + channel] = dot * sm.token_scale[rr] * wscale[channel];
       }
     }
@@ -151,19 +164,19 @@ __global__ void __launch_bounds__(kThreads, 4) moe_gemm_w4a8_kernel(const __grid
   }
 }
 
-template <int kTokenTiles>
+template <int kTokenTiles, bool kFp8>
 void launch(const GemmW4A8Args& p, cudaStream_t stream) {
-  constexpr int kSmem = sizeof(GemmSmem<kTokenTiles>);
+  constexpr int kSmem = sizeof(GemmSmem<kTokenTiles, kFp8>);
   static const bool configured = [] {
-    cuda_check(cudaFuncSetAttribute(moe_gemm_w4a8_kernel<kTokenTiles>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    kSmem));
+    cuda_check(cudaFuncSetAttribute(moe_gemm_w4a8_kernel<kTokenTiles, kFp8>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
     return true;
   }();
   (void)configured;
   const int64_t tiles = p.n / 16;
   const dim3 grid(static_cast<unsigned>((tiles + kWarps - 1) / kWarps), static_cast<unsigned>(p.expert_slots),
                   static_cast<unsigned>(p.splits));
-  moe_gemm_w4a8_kernel<kTokenTiles><<<grid, kThreads, kSmem, stream>>>(p);
+  moe_gemm_w4a8_kernel<kTokenTiles, kFp8><<<grid, kThreads, kSmem, stream>>>(p);
   cuda_check(cudaGetLastError());
 }
 
@@ -189,11 +202,12 @@ void moe_gemm_w4a8(const GemmW4A8Args& p, cudaStream_t stream) {
   check(p.n % 16 == 0 && p.k % kGemmKBlock == 0, "moe_gemm_w4a8: N ", p.n, " and K ", p.k,
         " must be multiples of 16 and 64");
   check(p.splits >= 1 && p.expert_slots >= 1, "moe_gemm_w4a8: bad grid");
+  const bool fp8 = p.weight_format == ExpertWeightFormat::kFp8;
   switch (token_tiles_for(p.max_rows, p.expert_slots)) {
-    case 1: return launch<1>(p, stream);
-    case 2: return launch<2>(p, stream);
-    case 4: return launch<4>(p, stream);
-    default: return launch<8>(p, stream);
+    case 1: return fp8 ? launch<1, true>(p, stream) : launch<1, false>(p, stream);
+    case 2: return fp8 ? launch<2, true>(p, stream) : launch<2, false>(p, stream);
+    case 4: return fp8 ? launch<4, true>(p, stream) : launch<4, false>(p, stream);
+    default: return fp8 ? launch<8, true>(p, stream) : launch<8, false>(p, stream);
   }
 }
 

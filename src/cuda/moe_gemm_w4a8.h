@@ -23,18 +23,27 @@ namespace nibble::cuda {
 
 inline constexpr int kGemmKBlock = 64;  // K granularity of the layout and of the activation sums
 
+// The expert weights' element type. FP8 weights use the same tiling with 32 bytes a lane per K block
+// (both K steps' A fragments as stored, no offset correction); their activation sums are not read.
+enum class ExpertWeightFormat : uint8_t { kInt4, kFp8 };
+
 // codes: I32 (E, N, K/8) in the on-disk reorder packing (quant/int4.h), on the CPU.
 // Returns U8 (E, N·K/2) in the kernel's layout, on the CPU. N % 16 == 0 and K % 64 == 0.
 Tensor repack_int4_for_gemm(const Tensor& codes);
 // The same on the GPU: codes I32 (E, N, K/8) on the device -> U8 (E, N·K/2) on the device.
 Tensor repack_int4_for_gemm_gpu(const Tensor& codes);
+// FP8 weights U8 (E, N, K) on the device -> U8 (E, N·K) in the kernel's FP8 layout, on the device.
+// Per 16-row tile and 64-wide K block, lane (g = lane / 4, q = lane % 4) holds 8 words; word 4s + r
+// holds row g + 8·(r & 1), columns 32s + 16·(r >> 1) + 4q .. + 3.
+Tensor repack_fp8_for_gemm_gpu(const Tensor& codes);
 
 struct GemmW4A8Args {
-  const void* weights;          // repacked (E, N·K/2)
+  ExpertWeightFormat weight_format;
+  const void* weights;          // repacked (E, N·K/2), or (E, N·K) for FP8
   const float* weight_scale;    // (E, N)
   const uint8_t* act;           // FP8 (rows, K) — or indexed through act_row
   const float* act_scale;       // (activation rows)
-  const float* act_sums;        // (activation rows, K / 64): Σ of FP8 values per K block
+  const float* act_sums;        // (activation rows, K / 64): Σ of FP8 values per K block (INT4 only)
   const int32_t* act_row;       // (T·K) sorted position -> activation row; nullptr: identity
   const int32_t* expert_offsets;  // (E + 1) sorted rows of each expert
   const int32_t* active_experts;  // (E + 1) active expert ids, count at [E]

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <numeric>
 
@@ -182,6 +183,45 @@ TEST_P(MoeLayer, MatchesCpuTwin) {
   // block with reduced precision (the GEMM test measures ~2e-4); re-quantizing the activations to FP8
   // turns those differences into one-step code flips. Measured 3.5e-3 to 6.7e-3 on an H200.
   EXPECT_LE(err, 1e-2);
+}
+
+// FP8 experts (the W8A8 comparison point) through the same grouped GEMM: random FP8 codes with
+// per-tensor scales, against the CPU twin.
+TEST(MoeLayerFp8, MatchesCpuTwin) {
+  SKIP_WITHOUT_GPU();
+  for (const auto& [E, H, I, T] : std::vector<std::array<int64_t, 4>>{{8, 1024, 1408, 1}, {8, 2880, 512, 37},
+                                                                        {64, 512, 256, 300}}) {
+    const int64_t top_k = E > 8 ? 8 : 2;
+    auto random_fp8 = [](Shape shape, uint32_t seed) {
+      const Tensor f = random_f32(shape, seed, 0.05f);
+      Fp8Weight q = quantize_fp8_per_tensor(f.reshape({-1, shape.back()}));
+      return std::pair{q.weight.reshape(shape), q.scale};
+    };
+    const auto [gate_up, gate_up_scale] = random_fp8({E, 2 * I, H}, 500);
+    const auto [down, down_scale] = random_fp8({E, H, I}, 600);
+    auto filled = [](Shape shape, float v) {
+      Tensor t = Tensor::zeros(DType::kF32, shape);
+      std::fill_n(t.data<float>(), t.numel(), v);
+      return t;
+    };
+    MoeWeights host{.router = to_bf16(random_f32({E, H}, 9, 0.05f)),
+                    .experts = {.format = WeightFormat::kFp8, .num_experts = E, .hidden_size = H,
+                                .intermediate_size = I, .gate_up = gate_up, .gate_up_scale = filled({E, 2 * I}, gate_up_scale),
+                                .down = down, .down_scale = filled({E, H}, down_scale)}};
+    const MoeParams params{.top_k = top_k};
+    const Tensor x_bf16 = to_bf16(random_f32({T, H}, 11));
+    CpuOps cpu;
+    Tensor ref = Tensor::zeros(DType::kF32, {T, H});
+    cpu.moe(to_f32(x_bf16), host, params, ref);
+    const cuda::MoeWeightsW4A8 w = cuda::upload_moe_w4a8(host);
+    cuda::MoeWorkspace ws(w, T, top_k);
+    Tensor out = poisoned(DType::kBF16, {T, H});
+    cuda::moe_w4a8(cuda::upload(x_bf16), w, params, ws, out, nullptr);
+    const Tensor got = to_f32(cuda::download(out));
+    const double err = rel_l2(ref.data<float>(), got.data<float>(), T * H);
+    std::cout << "FP8 experts E=" << E << " H=" << H << " I=" << I << " T=" << T << ": relative L2 " << err << "\n";
+    EXPECT_LE(err, 1e-2);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, MoeLayer,
