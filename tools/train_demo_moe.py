@@ -19,6 +19,8 @@ import pathlib
 import shutil
 import sys
 import time
+import traceback
+import types
 
 import torch
 import torch.nn.functional as F
@@ -122,11 +124,56 @@ def make_config(args, vocab_size):
         output_router_logits=False)
 
 
+def _grouped_mm(x, w, offsets):
+    """x (S, K) rows grouped by expert, w (E, K, N), offsets (E,) int32 ends -> (S, N)."""
+    if x.dtype == torch.bfloat16:
+        grouped = getattr(F, "grouped_mm", None) or torch._grouped_mm
+        return grouped(x, w, offs=offsets)
+    out, start = [], 0  # float32 (reload check, CPU): one matmul an expert
+    for e, end in enumerate(offsets.tolist()):
+        out.append(x[start:end] @ w[e])
+        start = end
+    return torch.cat(out)
+
+
+def bf16_experts_forward(self, hidden_states, top_k_index, top_k_weights):
+    """Replacement forward of transformers' MixtralExperts: two grouped GEMMs over the tokens sorted by
+    expert, in bf16 under autocast (weights cast like autocast casts nn.Linear's; transformers'
+    grouped_mm path runs them in the float32 of the master weights instead).
+    hidden_states (N, H), top_k_index (N, k), top_k_weights (N, k) -> (N, H)."""
+    n, k = top_k_index.shape
+    device_type = hidden_states.device.type
+    dtype = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) \
+        else hidden_states.dtype
+    flat = top_k_index.reshape(-1)  # (S = N k,)
+    _, perm = torch.sort(flat, stable=True)
+    counts = torch.zeros(self.num_experts, dtype=torch.int32, device=flat.device)
+    counts.scatter_add_(0, flat, torch.ones_like(flat, dtype=torch.int32))
+    offsets = torch.cumsum(counts, 0, dtype=torch.int32)  # (E,) no host sync
+    x = hidden_states.to(dtype)[perm // k]  # (S, H) grouped by expert
+    gate_up = _grouped_mm(x, self.gate_up_proj.to(dtype).transpose(1, 2), offsets)  # (S, 2 I)
+    gate, up = gate_up.chunk(2, dim=-1)
+    y = _grouped_mm(self.act_fn(gate) * up, self.down_proj.to(dtype).transpose(1, 2), offsets)  # (S, H)
+    weighted = y.float() * top_k_weights.reshape(-1)[perm, None].float()
+    combined = torch.zeros_like(weighted).index_copy(0, perm, weighted)  # back to token order
+    return combined.view(n, k, -1).sum(dim=1).to(hidden_states.dtype)
+
+
 def build_model(config, experts_implementation, device):
+    """MixtralForCausalLM; experts_implementation "bf16_grouped" is transformers' eager model with
+    bf16_experts_forward on every experts module (the weights and their names are unchanged)."""
     from transformers import MixtralForCausalLM
-    config._experts_implementation = experts_implementation
+    patch = experts_implementation == "bf16_grouped"
+    config._experts_implementation = "eager" if patch else experts_implementation
     config._attn_implementation = "sdpa"
-    return MixtralForCausalLM(config).to(device)
+    model = MixtralForCausalLM(config).to(device)
+    if patch:
+        experts = [m for m in model.modules() if hasattr(m, "gate_up_proj") and hasattr(m, "down_proj")]
+        if len(experts) != config.num_hidden_layers:
+            raise RuntimeError(f"found {len(experts)} experts modules with gate_up_proj/down_proj")
+        for m in experts:
+            m.forward = types.MethodType(bf16_experts_forward, m)
+    return model
 
 
 def train_step(model, optimizer, batch, prose_rows, amp, aux_coef):
@@ -149,15 +196,16 @@ def train_step(model, optimizer, batch, prose_rows, amp, aux_coef):
 
 
 def pick_experts_implementation(args, config, device, batches, amp):
-    """eager (transformers' loop over experts) or grouped_mm (torch's grouped GEMM), whichever trains
-    faster here; grouped_mm is dropped if it fails or disagrees with eager."""
+    """eager (transformers' loop over experts), grouped_mm (transformers' grouped GEMM path) or
+    bf16_grouped (bf16_experts_forward), whichever trains fastest here; a candidate that fails or
+    disagrees with eager is dropped."""
     if args.experts != "auto":
         return args.experts
     if device.type != "cuda":
         return "eager"
     batch = batches.next(args.batch_size, 0)
     timings, losses = {}, {}
-    for impl in ["eager", "grouped_mm"]:
+    for impl in ["eager", "grouped_mm", "bf16_grouped"]:
         torch.manual_seed(args.seed)
         try:
             model = build_model(config, impl, device)
@@ -176,10 +224,33 @@ def pick_experts_implementation(args, config, device, batches, amp):
             model = optimizer = None
             torch.cuda.empty_cache()
     log("experts: " + ", ".join(f"{k} {v * 1e3:.1f} ms/step (loss {losses[k]:.4f})" for k, v in timings.items()))
-    if "grouped_mm" in timings and abs(losses["grouped_mm"] - losses["eager"]) < 1e-2 \
-            and timings["grouped_mm"] < timings["eager"]:
-        return "grouped_mm"
-    return "eager"
+    if "eager" not in timings:
+        return "eager"
+    good = [k for k in timings if abs(losses[k] - losses["eager"]) < 1e-2]
+    return min(good, key=lambda k: timings[k])
+
+
+def profile_steps(args, config, experts, device, batches, amp, steps=3):
+    """Prints where the GPU time of a training step goes (a throwaway model, learning rate 0)."""
+    torch.manual_seed(args.seed)
+    model = build_model(config, experts, device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.0)
+    batch = batches.next(args.batch_size, 0)
+    for _ in range(2):
+        train_step(model, optimizer, batch, 0, amp, args.router_aux_loss_coef)
+    torch.cuda.synchronize()
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            train_step(model, optimizer, batch, 0, amp, args.router_aux_loss_coef)
+        torch.cuda.synchronize()
+    events = prof.key_averages()
+    device_time = [getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0)
+                   for e in events]
+    total = sum(device_time) / steps / 1e3
+    log(f"profile: {total:.1f} ms of GPU kernels per step ({len(events)} distinct ops); top:")
+    for t, e in sorted(zip(device_time, events), key=lambda te: -te[0])[:14]:
+        log(f"  {t / steps / 1e3:7.2f} ms  {e.count // steps:4d}x  {e.key[:90]}")
 
 
 def lr_at(progress, peak, warmup, final_fraction):
@@ -192,34 +263,39 @@ def lr_at(progress, peak, warmup, final_fraction):
 
 @torch.no_grad()
 def heldout_losses(model, tok, problems, passages, device, amp):
-    """Teacher-forced mean loss on held-out problems and passages (a cheap progress signal)."""
+    """Teacher-forced mean loss on held-out problems (whole documents, and only the answer: the
+    tokens after "Answer:") and on passages (a cheap progress signal)."""
     model.eval()
-    result = []
-    for texts in [[corpus.document_text(p) for p in problems], passages]:
-        ids = [enc.ids + [EOS] for enc in tok.encode_batch(texts)]
-        nll, count = nll_sum(model, ids, device, amp)
-        result.append(nll / count)
+    docs = [enc.ids + [EOS] for enc in tok.encode_batch([corpus.document_text(p) for p in problems])]
+    prompts = [len(enc.ids) for enc in tok.encode_batch([corpus.prompt_text(p["question"]) for p in problems])]
+    nll, count = nll_sum(model, docs, device, amp)
+    answer_nll, answer_count = nll_sum(model, docs, device, amp, starts=prompts)
+    prose = [enc.ids + [EOS] for enc in tok.encode_batch(passages)]
+    prose_nll, prose_count = nll_sum(model, prose, device, amp)
     model.train()
-    return result
+    return nll / count, answer_nll / answer_count, prose_nll / prose_count
 
 
-def nll_sum(model, sequences, device, amp, batch_size=32):
-    """(sum of -log p(token | prefix) over every token after the first, number of such tokens)."""
+def nll_sum(model, sequences, device, amp, batch_size=32, starts=None):
+    """(sum of -log p(token | prefix) over every token after the first (or from index starts[i] of
+    sequence i), number of such tokens)."""
     total, count = 0.0, 0
     for i in range(0, len(sequences), batch_size):
         chunk = sequences[i:i + batch_size]
         width = max(len(s) for s in chunk)
         ids = torch.full((len(chunk), width), PAD, dtype=torch.long)
         mask = torch.zeros((len(chunk), width), dtype=torch.long)
+        scored = torch.zeros((len(chunk), width), dtype=torch.bool)
         for r, s in enumerate(chunk):
             ids[r, :len(s)] = torch.tensor(s)
             mask[r, :len(s)] = 1
-        ids, mask = ids.to(device), mask.to(device)
+            scored[r, (starts[i + r] if starts else 1):len(s)] = True
+        ids, mask, scored = ids.to(device), mask.to(device), scored.to(device)
         with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=amp):
             logits = model(input_ids=ids, attention_mask=mask, use_cache=False).logits
         logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
         token_logp = logp.gather(-1, ids[:, 1:, None])[..., 0]
-        valid = mask[:, 1:].bool()
+        valid = scored[:, 1:]
         total += -token_logp[valid].sum().item()
         count += int(valid.sum().item())
     return total, count
@@ -228,8 +304,10 @@ def nll_sum(model, sequences, device, amp, batch_size=32):
 # ---- evaluation of the saved files ---------------------------------------------------------------
 
 @torch.no_grad()
-def arithmetic_accuracy(model, tok, problems, device, batch_size, max_new_tokens=64):
-    """Greedy answers to the held-out problems; exact match of the final number."""
+def arithmetic_accuracy(model, tok, problems, device, batch_size, max_new_tokens=64, amp=False,
+                        by_template=None):
+    """Greedy answers to the held-out problems; exact match of the final number. by_template (a dict)
+    receives {template: [correct, total]}."""
     correct, samples = 0, []
     for i in range(0, len(problems), batch_size):
         chunk = problems[i:i + batch_size]
@@ -240,13 +318,18 @@ def arithmetic_accuracy(model, tok, problems, device, batch_size, max_new_tokens
         for r, p in enumerate(prompts):  # left padding
             ids[r, width - len(p):] = torch.tensor(p)
             mask[r, width - len(p):] = 1
-        out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device),
-                             max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=EOS,
-                             pad_token_id=PAD)
+        with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=amp):
+            out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device),
+                                 max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=EOS,
+                                 pad_token_id=PAD)
         for problem, row in zip(chunk, out[:, width:].tolist()):
             text = tok.decode([t for t in row if t not in (EOS, PAD)], skip_special_tokens=True)
             ok = corpus.extract_final_number(text) == problem["answer"]
             correct += ok
+            if by_template is not None:
+                tally = by_template.setdefault(problem["template"], [0, 0])
+                tally[0] += int(ok)
+                tally[1] += 1
             if len(samples) < 3:
                 samples.append({"question": problem["question"], "generated": text, "correct": bool(ok)})
     return correct / len(problems), samples
@@ -261,8 +344,10 @@ def evaluate_saved(out_dir, device, limit_problems, limit_passages, eval_dir):
     problems, passages = problems[:limit_problems], passages[:limit_passages]
     model = MixtralForCausalLM.from_pretrained(out_dir, dtype=torch.bfloat16).to(device).eval()
     start = time.perf_counter()
+    by_template = {}
     accuracy, samples = arithmetic_accuracy(model, tok, problems, device,
-                                            batch_size=500 if device.type == "cuda" else 16)
+                                            batch_size=500 if device.type == "cuda" else 16,
+                                            by_template=by_template)
     seconds = time.perf_counter() - start
     prompt = tok.encode("It is a truth universally acknowledged").ids
     continuation = model.generate(input_ids=torch.tensor([prompt], device=device), max_new_tokens=40,
@@ -273,6 +358,7 @@ def evaluate_saved(out_dir, device, limit_problems, limit_passages, eval_dir):
     nll, count = nll_sum(model, ids, device, amp=False)
     nll32, _ = nll_sum(model.float(), ids, device, amp=False)
     return {"n_problems": len(problems), "accuracy": accuracy, "generate_seconds": round(seconds, 1),
+            "accuracy_by_template": {k: round(c / n, 3) for k, (c, n) in sorted(by_template.items())},
             "n_passages": len(passages), "n_tokens": count, "perplexity_bf16": math.exp(nll / count),
             "perplexity_bf16_weights_fp32_math": math.exp(nll32 / count), "samples": samples}
 
@@ -326,21 +412,21 @@ def save_model(model, tokenizer_dir, out_dir):
     return weights.stat().st_size
 
 
+RELOAD_TOLERANCE = 1e-2  # relative L2: the saved weights are the bf16 rounding of the trained ones
+
+
 @torch.no_grad()
 def check_reload(model, out_dir, device, tok):
-    """The saved files, loaded by transformers, give the trained model's bf16 logits."""
+    """Relative L2 distance between the logits of the trained model (weights rounded to bf16, as saved)
+    and of the saved files loaded by transformers, both in float32 math."""
     from transformers import MixtralForCausalLM
-    # float32 math on both sides: the same bf16 weights must give the same logits.
     loaded = MixtralForCausalLM.from_pretrained(out_dir, dtype=torch.float32).to(device).eval()
     ids = torch.tensor([tok.encode("Question: Tom has 3 apples and buys 4 more. How many apples does "
                                    "Tom have?\nAnswer:").ids], device=device)
     a = model.float()(input_ids=ids).logits
     b = loaded(input_ids=ids).logits
     model.to(torch.bfloat16)
-    rel = ((a - b).norm() / a.norm()).item()
-    if rel > 1e-4:
-        raise SystemExit(f"train_demo_moe: reloaded logits differ from the trained model's (rel L2 {rel:.3g})")
-    return rel
+    return ((a - b).norm() / a.norm()).item()
 
 
 # ---- main --------------------------------------------------------------------------------------
@@ -367,8 +453,13 @@ def parse_args():
     p.add_argument("--warmup", type=float, default=0.03, help="share of the budget")
     p.add_argument("--weight-decay", type=float, default=0.1)
     p.add_argument("--router-aux-loss-coef", type=float, default=0.01)
-    p.add_argument("--experts", default="auto", choices=["auto", "eager", "grouped_mm"])
+    p.add_argument("--experts", default="auto", choices=["auto", "eager", "grouped_mm", "bf16_grouped"])
     p.add_argument("--compile", action="store_true", help="torch.compile the model")
+    p.add_argument("--cpu-amp", action="store_true", help="bf16 autocast on the CPU too (tests)")
+    p.add_argument("--profile", type=int, default=1, help="print a profile of a training step (CUDA)")
+    p.add_argument("--accuracy-at", default="0.33,0.67",
+                   help="fractions of the budget at which to print held-out greedy accuracy")
+    p.add_argument("--accuracy-problems", type=int, default=200, help="problems for those")
     p.add_argument("--hidden-size", type=int, default=256)
     p.add_argument("--intermediate-size", type=int, default=192)
     p.add_argument("--num-hidden-layers", type=int, default=7)
@@ -383,6 +474,7 @@ def parse_args():
         args.arith_docs, args.batch_size, args.seq_len = 2000, 4, 128
         args.max_steps = args.max_steps or 6
         args.eval_problems, args.eval_passages = args.eval_problems or 8, args.eval_passages or 4
+        args.accuracy_problems = 4
     return args
 
 
@@ -405,7 +497,7 @@ def main():
         return
 
     torch.manual_seed(args.seed)
-    amp = device.type == "cuda"
+    amp = device.type == "cuda" or args.cpu_amp
     tok = Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json"))
     heldout_path = eval_dir / "arithmetic.jsonl"
     problems, _ = corpus.load_heldout_problems(heldout_path)
@@ -420,7 +512,14 @@ def main():
         log(f"GPU: {torch.cuda.get_device_name(device)}")
 
     config = make_config(args, tok.get_vocab_size())
+    torch.backends.cuda.matmul.allow_tf32 = True  # training only: float32 leftovers on tensor cores
     experts = pick_experts_implementation(args, config, device, batches, amp)
+    if device.type == "cuda" and args.profile:
+        try:
+            profile_steps(args, config, experts, device, batches, amp)
+        except Exception as e:  # noqa: BLE001 (diagnostics only)
+            log(f"profile: failed ({type(e).__name__}: {str(e)[:200]})")
+        torch.cuda.empty_cache()
     torch.manual_seed(args.seed)
     model = build_model(config, experts, device)
     n_params = sum(p.numel() for p in model.parameters())
@@ -441,6 +540,8 @@ def main():
     start = time.perf_counter()
     step, last_log, last_heldout, tokens, history = 0, start, start, 0, []
     arith_ema = prose_ema = None
+    probes = sorted(float(x) for x in args.accuracy_at.split(",") if x.strip())
+    accuracy_history = []
     while True:
         elapsed = time.perf_counter() - start
         progress = elapsed / args.train_seconds
@@ -473,33 +574,83 @@ def main():
             if now - last_heldout >= 30.0 or args.smoke:
                 last_heldout = now
                 n = 4 if args.smoke else 64
-                ha, hp = heldout_losses(model, tok, problems[:n], passages[:n // 4], device, amp)
-                entry.update({"heldout_arith_loss": round(ha, 4), "heldout_prose_loss": round(hp, 4)})
+                ha, hans, hp = heldout_losses(model, tok, problems[:n], passages[:n // 4], device, amp)
+                entry.update({"heldout_arith_loss": round(ha, 4), "heldout_answer_loss": round(hans, 4),
+                              "heldout_prose_loss": round(hp, 4)})
             history.append(entry)
             log("  ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}" for k, v in entry.items())
                 + f"  {tokens / (now - start) / 1e6:.2f} M tok/s")
             last_log = now
+        if probes and progress >= probes[0]:
+            probes.pop(0)
+            probe_start = time.perf_counter()
+            accuracy_history.append(accuracy_probe(model, tok, problems[:args.accuracy_problems], device,
+                                                   amp, step, probe_start - start))
+            start += time.perf_counter() - probe_start  # not taken from the training budget
+            last_log += time.perf_counter() - probe_start
     train_seconds = time.perf_counter() - start
     log(f"trained {step} steps, {tokens / 1e6:.1f} M tokens in {train_seconds:.1f} s")
 
-    size = save_model(model, tokenizer_dir, out_dir)
-    rel = check_reload(model, out_dir, device, tok)
-    log(f"saved {out_dir} (model.safetensors {size / 1e6:.2f} MB), reloaded by transformers: "
-        f"logits rel L2 {rel:.2e}")
-    if size > SIZE_LIMIT:
-        log(f"WARNING: model.safetensors is {size} bytes, over the {SIZE_LIMIT} limit")
-    result = evaluate_saved(out_dir, device, limit_problems, limit_passages, eval_dir)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    size = save_model(model, tokenizer_dir, out_dir)  # no model, nothing to report: let it raise
     summary = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
                "torch": torch.__version__, "transformers": transformers.__version__,
                "steps": step, "tokens": tokens, "train_seconds": round(train_seconds, 1),
-               "total_seconds": round(time.perf_counter() - t0, 1), "experts_implementation": experts,
-               "parameters": n_params, "model_bytes": size, "args": vars(args), "heldout": result,
-               "history": history}
+               "experts_implementation": experts, "parameters": n_params, "model_bytes": size,
+               "args": vars(args), "accuracy_during_training": accuracy_history, "history": history,
+               "problems": []}
+    write_summary(out_dir, summary, t0)
+    log(f"saved {out_dir} (model.safetensors {size / 1e6:.2f} MB)")
+    if size > SIZE_LIMIT:
+        summary["problems"].append(f"model.safetensors is {size} bytes, over the {SIZE_LIMIT} limit")
+    try:
+        rel = check_reload(model, out_dir, device, tok)
+        summary["reload_logits_rel_l2"] = rel
+        log(f"reloaded by transformers: logits rel L2 {rel:.2e} (float32 math on both sides)")
+        if not rel <= RELOAD_TOLERANCE:
+            summary["problems"].append(f"reloaded logits differ: rel L2 {rel:.3g} > {RELOAD_TOLERANCE}")
+    except Exception:  # noqa: BLE001 (reported in the summary; the files are written)
+        summary["problems"].append("reload check failed: " + traceback.format_exc(limit=3))
+    model = optimizer = batches = None
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    try:
+        result = evaluate_saved(out_dir, device, limit_problems, limit_passages, eval_dir)
+        summary["heldout"] = result
+        log(json.dumps(result, indent=2))
+        log(f"held-out (torch bf16): accuracy {result['accuracy'] * 100:.1f}% on {result['n_problems']} "
+            f"problems, perplexity {result['perplexity_bf16']:.2f} on {result['n_tokens']} prose tokens")
+    except Exception:  # noqa: BLE001
+        summary["problems"].append("evaluation failed: " + traceback.format_exc(limit=3))
+    write_summary(out_dir, summary, t0)
+    for problem in summary["problems"]:
+        log(f"PROBLEM: {problem}")
+    log(f"train_demo_moe: done in {time.perf_counter() - t0:.0f} s, "
+        f"{'no problems' if not summary['problems'] else str(len(summary['problems'])) + ' problem(s)'}")
+
+
+def write_summary(out_dir, summary, t0):
+    summary["total_seconds"] = round(time.perf_counter() - t0, 1)
     (out_dir / "training_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    log(json.dumps({k: v for k, v in result.items()}, indent=2))
-    log(f"held-out (torch bf16): accuracy {result['accuracy'] * 100:.1f}% on {result['n_problems']} problems, "
-        f"perplexity {result['perplexity_bf16']:.2f} on {result['n_tokens']} prose tokens; "
-        f"total {time.perf_counter() - t0:.0f} s")
+
+
+def accuracy_probe(model, tok, problems, device, amp, step, seconds):
+    """Greedy held-out accuracy of the model being trained (printed; never stops the run)."""
+    start = time.perf_counter()
+    try:
+        model.eval()
+        accuracy, samples = arithmetic_accuracy(model, tok, problems, device, batch_size=len(problems),
+                                                amp=amp)
+        entry = {"step": step, "seconds": round(seconds, 1), "n_problems": len(problems),
+                 "accuracy": accuracy, "sample": samples[0]["generated"] if samples else ""}
+        log(f"accuracy at step {step} ({seconds:.0f} s): {accuracy * 100:.1f}% of {len(problems)} held-out "
+            f"problems (greedy, {time.perf_counter() - start:.1f} s); e.g. {entry['sample']!r}")
+    except Exception as e:  # noqa: BLE001
+        entry = {"step": step, "error": f"{type(e).__name__}: {str(e)[:300]}"}
+        log(f"accuracy at step {step}: failed ({entry['error']})")
+    finally:
+        model.train()
+    return entry
 
 
 if __name__ == "__main__":
