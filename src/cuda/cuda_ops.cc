@@ -93,6 +93,7 @@ std::unique_ptr<RecordedStep> CudaOps::record(const std::function<void()>& step)
 }
 
 MoeWeights CudaOps::prepare_moe(const MoeWeights& host) {
+  if (host.experts.format == WeightFormat::kBf16) return Ops::prepare_moe(host);  // as stored
   const MoeWeightsW4A8 w = upload_moe_w4a8(host);
   return {.router = w.router,
           .experts = {.format = host.experts.format, .num_experts = w.num_experts, .hidden_size = w.hidden_size,
@@ -141,6 +142,7 @@ void CudaOps::attention(const Tensor& qkv, KvCacheLayer& cache, KvCacheDType cac
 }
 
 void CudaOps::moe(const Tensor& x, const MoeWeights& w, const MoeParams& params, Tensor& out) {
+  if (w.experts.format == WeightFormat::kBf16) return moe_bf16(x, w, params, moe_bf16_ws_, out, cublas_, stream_);
   const MoeWeightsW4A8 weights{.format = w.experts.format == WeightFormat::kFp8 ? ExpertWeightFormat::kFp8
                                                                                 : ExpertWeightFormat::kInt4,
                                .num_experts = w.experts.num_experts, .hidden_size = w.experts.hidden_size,

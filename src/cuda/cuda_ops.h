@@ -12,6 +12,7 @@
 
 #include "cuda/linear.h"
 #include "cuda/moe.h"
+#include "cuda/moe_bf16.h"
 #include "model/ops.h"
 
 namespace nibble::cuda {
@@ -55,6 +56,7 @@ class CudaOps final : public Ops {
   LinearWorkspace linear_ws_;
   std::map<std::pair<double, int64_t>, Tensor> inv_freq_;  // (theta, head_dim) -> F32 (head_dim / 2)
   std::unique_ptr<MoeWorkspace> moe_ws_;
+  MoeBf16Workspace moe_bf16_ws_;
   std::vector<std::unique_ptr<MoeWorkspace>> retired_moe_ws_;  // recorded graphs may still use them
 };
 

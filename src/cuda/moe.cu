@@ -34,8 +34,8 @@ int64_t max_split_rows(int64_t n, int64_t k, int64_t experts, int64_t top_k, int
 
 MoeWeightsW4A8 upload_moe_w4a8(const MoeWeights& host) {
   const Experts& ex = host.experts;
-  check(ex.format == WeightFormat::kInt4 || ex.format == WeightFormat::kFp8, "--device cuda runs INT4 or FP8 experts, not ",
-        weight_format_name(ex.format), ": use --quantization quark_int4fp8_moe or fp8");
+  check(ex.format == WeightFormat::kInt4 || ex.format == WeightFormat::kFp8, "upload_moe_w4a8: experts are ",
+        weight_format_name(ex.format), ", not INT4 or FP8");
   const bool fp8 = ex.format == WeightFormat::kFp8;
   auto repack = [&](const Tensor& t) { return fp8 ? repack_fp8_for_gemm_gpu(upload(t)) : repack_int4_for_gemm_gpu(upload(t)); };
   const int64_t E = ex.num_experts, H = ex.hidden_size, I = ex.intermediate_size;

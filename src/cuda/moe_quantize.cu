@@ -1,6 +1,7 @@
 // Per-row FP8 quantization kernels: one block per row, the row staged in shared memory.
 #include <cuda_bf16.h>
 
+#include "cuda/activation.cuh"
 #include "cuda/cuda_check.h"
 #include "cuda/fp8_rows.cuh"
 #include "cuda/moe_quantize.h"
@@ -29,15 +30,6 @@ __global__ void __launch_bounds__(kThreads) quantize_rows_kernel(const __grid_co
   __syncthreads();
   quantize_row_fp8(values, p.cols, p.codes + r * p.cols, p.scale + r, p.sums + r * (p.cols / kRowBlock), reduce,
                    p.static_scale);
-}
-
-__device__ inline float activate(Activation act, float x) {
-  switch (act) {
-    case Activation::kSilu: return x / (1.0f + expf(-x));
-    case Activation::kGelu: return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
-    case Activation::kGeluTanh: return 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
-  }
-  return x;
 }
 
 __global__ void __launch_bounds__(kThreads) activation_kernel(const __grid_constant__ ActivationArgs p) {
