@@ -11,7 +11,7 @@ namespace nibble {
 int run_generate(const Commands& c) {
   const SamplingParams sampling{.temperature = c.temperature, .top_p = c.top_p, .top_k = c.top_k, .seed = c.seed};
   validate(sampling);
-  const Tokenizer tokenizer = Tokenizer::load(c.model.model_path);
+  const Tokenizer tokenizer = Tokenizer::load(tokenizer_dir(c.model));
   LoadedModel loaded = load_model(c.model);
   const std::vector<int32_t> prompt = tokenizer.encode(c.prompt);
   std::vector<int64_t> stop_ids;

@@ -24,14 +24,24 @@ namespace {
 
 constexpr int64_t kBlockSize = 16;
 
-EngineConfig engine_config(const ServeOptions& s) {
-  check(s.max_total_tokens >= kBlockSize, "--max-total-tokens must be at least ", kBlockSize);
+void check_serve_flags(const ServeOptions& s) {
   check(s.chunked_prefill_size == -1 || s.chunked_prefill_size >= 1,
         "--chunked-prefill-size must be positive or -1, got ", s.chunked_prefill_size);
-  const int64_t num_blocks = (s.max_total_tokens + kBlockSize - 1) / kBlockSize;
-  const int64_t chunk =
-      s.chunked_prefill_size == -1 ? num_blocks * kBlockSize : s.chunked_prefill_size;
-  return {.num_blocks = num_blocks,
+}
+
+// The KV cache takes what memory allows next to the weights (or --max-total-tokens), leaving room for
+// the largest step: a prefill chunk (the whole context without chunking) and a logit row per request.
+EngineConfig engine_config(const ServeOptions& s, const LoadedModel& loaded, const ModelOptions& model) {
+  const int64_t largest_step = s.chunked_prefill_size == -1
+                                   ? loaded.model->config().max_position_embeddings
+                                   : s.chunked_prefill_size;
+  const int64_t tokens = kv_cache_tokens(loaded, model,
+                                         {.block_size = kBlockSize,
+                                          .largest_step_tokens = largest_step,
+                                          .max_logit_rows = s.max_running_requests,
+                                          .min_tokens = kBlockSize});
+  const int64_t chunk = s.chunked_prefill_size == -1 ? tokens : s.chunked_prefill_size;
+  return {.num_blocks = tokens / kBlockSize,
           .block_size = kBlockSize,
           .scheduler = {.max_running = s.max_running_requests, .max_batched_tokens = chunk}};
 }
@@ -97,12 +107,13 @@ int run_serve(const Commands& c) {
                                                  : c.serve_options.served_model_name};
   check(std::filesystem::is_directory(c.model.model_path), "model directory ", c.model.model_path,
         " does not exist");
-  EngineConfig config = engine_config(c.serve_options);  // flag errors before the long load
-  const Tokenizer tokenizer = Tokenizer::load(c.model.model_path);
-  const ChatTemplate chat_template = ChatTemplate::from_tokenizer_config(c.model.model_path);
+  check_serve_flags(c.serve_options);  // flag errors before the long load
+  const Tokenizer tokenizer = Tokenizer::load(tokenizer_dir(c.model));
+  const ChatTemplate chat_template = ChatTemplate::from_tokenizer_config(tokenizer_dir(c.model));
   if (chat_template.is_fallback())
     std::cerr << "nibble: the model has no chat template; /v1/chat/completions uses ChatML\n";
   LoadedModel loaded = load_model(c.model);
+  EngineConfig config = engine_config(c.serve_options, loaded, c.model);
   config.kv_dtype = loaded.kv_dtype;
   Engine engine(*loaded.model, config);
   Metrics metrics;

@@ -34,10 +34,33 @@ void add_commands(CLI::App& app, Commands& c) {
   c.serve->add_option("--served-model-name", s.served_model_name, "model name in the API (default: --model-path)");
   c.serve->add_option("--max-running-requests", s.max_running_requests, "requests decoding at once")
       ->capture_default_str()->check(CLI::PositiveNumber);
-  c.serve->add_option("--max-total-tokens", s.max_total_tokens, "KV cache size in tokens")
-      ->capture_default_str()->check(CLI::PositiveNumber);
   c.serve->add_option("--chunked-prefill-size", s.chunked_prefill_size, "prompt tokens per step (-1: no chunking)")
       ->capture_default_str();
+
+  BenchOptions& b = c.bench;
+  c.bench_one_batch = app.add_subcommand("bench-one-batch", "latency of one static batch: prefill, then decode steps");
+  add_model_options(*c.bench_one_batch, c.model);
+  c.bench_one_batch->add_option("--batch-size", b.batch_size, "sequences in the batch")
+      ->capture_default_str()->check(CLI::PositiveNumber);
+  c.bench_one_batch->add_option("--input-len", b.input_len, "prompt tokens per sequence")
+      ->capture_default_str()->check(CLI::PositiveNumber);
+  c.bench_one_batch->add_option("--output-len", b.output_len, "tokens generated per sequence")
+      ->capture_default_str()->check(CLI::PositiveNumber);
+  c.bench_one_batch->add_option("--json", b.json, "write the results to this file as JSON");
+  c.bench_one_batch->add_option("--run-name", b.run_name, "name of the run in the JSON")->capture_default_str();
+  c.bench_one_batch->add_option("--seed", b.seed, "seed of the random prompts")->capture_default_str();
+
+  c.plan = app.add_subcommand("plan", "memory per GPU of a model at a quantization and --tp-size, without loading it");
+  c.plan->add_option("--model-path", c.model.model_path, "model directory (config.json)")->required();
+  c.plan->add_option("--quantization", c.model.quantization, "auto, none, fp8 or quark_int4fp8_moe")
+      ->capture_default_str();
+  c.plan->add_option("--kv-cache-dtype", c.model.kv_cache_dtype, "auto, bf16 or fp8_e4m3")->capture_default_str();
+  c.plan->add_option("--tp-size", c.model.tp_size, "tensor-parallel size (GPUs)")->capture_default_str();
+  c.plan->add_option("--gpu-memory-gb", c.plan_options.gpu_memory_gb, "memory of one GPU in GB (2^30 bytes); default: an H200")
+      ->capture_default_str();
+  c.plan->add_option("--mem-fraction-static", c.model.mem_fraction_static, "share of the memory for weights and KV cache")
+      ->capture_default_str();
+  c.plan->add_option("--max-total-tokens", c.model.max_total_tokens, "KV cache tokens that must fit as well");
 }
 
 int run_command(const CLI::App&, const Commands& c) {
@@ -45,6 +68,8 @@ int run_command(const CLI::App&, const Commands& c) {
   if (c.logits->parsed()) return run_logits(c);
   if (c.tokenize->parsed()) return run_tokenize(c);
   if (c.serve->parsed()) return run_serve(c);
+  if (c.bench_one_batch->parsed()) return run_bench_one_batch(c);
+  if (c.plan->parsed()) return run_plan(c);
   return 2;
 }
 

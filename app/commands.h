@@ -17,8 +17,22 @@ struct ServeOptions {
   std::string api_key;
   std::string served_model_name;  // default: --model-path as given
   int64_t max_running_requests = 64;
-  int64_t max_total_tokens = 16384;  // KV cache size in tokens
   int64_t chunked_prefill_size = 2048;  // prompt tokens per step; -1: no chunking
+};
+
+// `nibble bench-one-batch` (SGLang's bench_one_batch: one static batch, no server).
+struct BenchOptions {
+  int64_t batch_size = 1;
+  int64_t input_len = 1024;
+  int64_t output_len = 16;
+  std::string json;  // write the results here as one JSON object
+  std::string run_name = "default";
+  uint64_t seed = 0;  // of the random prompts
+};
+
+// `nibble plan`: the memory plan of a config, for a GPU of this size.
+struct PlanCommandOptions {
+  double gpu_memory_gb = kH200MemoryGb;  // GB = 2^30 bytes
 };
 
 struct Commands {
@@ -26,6 +40,8 @@ struct Commands {
   CLI::App* logits = nullptr;
   CLI::App* tokenize = nullptr;
   CLI::App* serve = nullptr;
+  CLI::App* bench_one_batch = nullptr;
+  CLI::App* plan = nullptr;
 
   ModelOptions model;
   // generate
@@ -44,6 +60,8 @@ struct Commands {
   bool no_special_tokens = false;
   // serve
   ServeOptions serve_options;
+  BenchOptions bench;
+  PlanCommandOptions plan_options;
 };
 
 void add_commands(CLI::App& app, Commands& commands);
@@ -53,5 +71,7 @@ int run_generate(const Commands& commands);
 int run_logits(const Commands& commands);
 int run_tokenize(const Commands& commands);
 int run_serve(const Commands& commands);  // fails when built without cpp-httplib
+int run_bench_one_batch(const Commands& commands);
+int run_plan(const Commands& commands);
 
 }  // namespace nibble

@@ -1,7 +1,8 @@
-// Copy bandwidth and FP8 GEMM rate, measured the way the layer figures are (events, warm-up,
-// median).
+// Copy bandwidth (src/cuda/copy_bandwidth, shared with `nibble bench-one-batch`) and FP8 GEMM rate,
+// measured the way the layer figures are (events, warm-up, median).
 #include "ceilings.h"
 
+#include "cuda/copy_bandwidth.h"
 #include "device_buffer.h"
 #include "handles.h"
 #include "lt_fp8_gemm.h"
@@ -13,19 +14,6 @@ namespace {
 
 constexpr int kWarmup = 3;
 constexpr std::size_t kLtWorkspaceBytes = std::size_t{32} << 20;
-
-double copy_bandwidth(int64_t bytes, int reps, cudaStream_t stream) {
-  const auto n = static_cast<std::size_t>(bytes);
-  DeviceBuffer src(n);
-  DeviceBuffer dst(n);
-  fill_uniform_bf16(src.get(), n / 2, 1.0f, 11, stream);
-  const auto body = [&] {
-    cuda_check(cudaMemcpyAsync(dst.get(), src.get(), n, cudaMemcpyDeviceToDevice, stream));
-  };
-  for (int i = 0; i < kWarmup; ++i) body();
-  const double us = median(time_each(body, stream, reps));
-  return 2.0 * static_cast<double>(bytes) / (us * 1e-6) / 1e9;
-}
 
 double fp8_gemm_rate(int64_t size, int reps, cudaStream_t stream) {
   const auto elements = static_cast<std::size_t>(size * size);
@@ -49,7 +37,7 @@ double fp8_gemm_rate(int64_t size, int reps, cudaStream_t stream) {
 
 Ceilings measure_ceilings(int64_t copy_bytes, int64_t gemm_size, int reps) {
   const Stream stream;
-  return Ceilings{.copy_gb_per_s = copy_bandwidth(copy_bytes, reps, stream.get()),
+  return Ceilings{.copy_gb_per_s = cuda::measure_copy_bandwidth(copy_bytes, reps, stream.get()).gb_per_s,
                   .fp8_tflop_per_s = fp8_gemm_rate(gemm_size, reps, stream.get()),
                   .copy_bytes = copy_bytes,
                   .gemm_size = gemm_size};

@@ -2,6 +2,7 @@
 // against. Activations are F32; the KV cache is BF16 or FP8 exactly as on the GPU. Clarity over speed.
 #pragma once
 
+#include "model/memory_plan.h"
 #include "model/ops.h"
 
 namespace nibble {
@@ -14,6 +15,7 @@ class CpuOps final : public Ops {
   Tensor empty(DType dtype, Shape shape) override;
   Tensor upload(const Tensor& host) override;
   Tensor download(const Tensor& device_tensor) override;
+  MemoryInfo memory_info() const override { return host_memory_info(); }
 
   void embedding(const Tensor& ids, const Tensor& table, Tensor& out) override;
   void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) override;
