@@ -24,6 +24,15 @@ void add_commands(CLI::App& app, Commands& c) {
   c.tokenize->add_option("--text", c.text, "text to tokenize")->required();
   c.tokenize->add_flag("--no-special-tokens", c.no_special_tokens, "do not apply the post-processor (BOS)");
 
+  QuantizeOptions& q = c.quantize_options;
+  c.quantize = app.add_subcommand("quantize", "write a pre-quantized W4A8KV8 checkpoint (AMD Quark's format)");
+  c.quantize->add_option("--model-path", c.model.model_path, "bf16 model directory (config.json, *.safetensors)")
+      ->required();
+  c.quantize->add_option("--output", q.output, "directory to write (new or empty)")->required();
+  c.quantize->add_option("--quantization", q.quantization, "quark_int4fp8_moe or fp8")->capture_default_str();
+  c.quantize->add_option("--max-shard-size", q.max_shard_size, "largest shard, e.g. 5GB or 500MB")
+      ->capture_default_str();
+
   ServeOptions& s = c.serve_options;
   c.serve = app.add_subcommand("serve", "serve the OpenAI-compatible HTTP API");
   add_model_options(*c.serve, c.model);
@@ -68,6 +77,7 @@ int run_command(const CLI::App&, const Commands& c) {
   if (c.logits->parsed()) return run_logits(c);
   if (c.tokenize->parsed()) return run_tokenize(c);
   if (c.serve->parsed()) return run_serve(c);
+  if (c.quantize->parsed()) return run_quantize(c);
   if (c.bench_one_batch->parsed()) return run_bench_one_batch(c);
   if (c.plan->parsed()) return run_plan(c);
   return 2;

@@ -35,11 +35,19 @@ struct PlanCommandOptions {
   double gpu_memory_gb = kH200MemoryGb;  // GB = 2^30 bytes
 };
 
+// `nibble quantize`: writes a pre-quantized checkpoint (Quark W4A8KV8 format) from a bf16 one.
+struct QuantizeOptions {
+  std::string output;
+  std::string quantization = "quark_int4fp8_moe";  // or fp8
+  std::string max_shard_size = "5GB";
+};
+
 struct Commands {
   CLI::App* generate = nullptr;
   CLI::App* logits = nullptr;
   CLI::App* tokenize = nullptr;
   CLI::App* serve = nullptr;
+  CLI::App* quantize = nullptr;
   CLI::App* bench_one_batch = nullptr;
   CLI::App* plan = nullptr;
 
@@ -60,6 +68,7 @@ struct Commands {
   bool no_special_tokens = false;
   // serve
   ServeOptions serve_options;
+  QuantizeOptions quantize_options;
   BenchOptions bench;
   PlanCommandOptions plan_options;
 };
@@ -71,6 +80,7 @@ int run_generate(const Commands& commands);
 int run_logits(const Commands& commands);
 int run_tokenize(const Commands& commands);
 int run_serve(const Commands& commands);  // fails when built without cpp-httplib
+int run_quantize(const Commands& commands);
 int run_bench_one_batch(const Commands& commands);
 int run_plan(const Commands& commands);
 

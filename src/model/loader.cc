@@ -6,6 +6,8 @@
 #include <vector>
 
 #include "core/bf16.h"
+#include "model/quark_loader.h"
+#include "model/weight_layout.h"
 #include "quant/fp8_quant.h"
 #include "quant/int4.h"
 
@@ -44,30 +46,6 @@ struct Reader {
 
   Tensor bf16(const std::string& name, const Shape& shape) { return ops.upload(bf16_host(name, shape)); }
 };
-
-// Stacks 2-D CPU tensors with equal column counts along their rows.
-Tensor concat_rows(const std::vector<Tensor>& parts) {
-  int64_t rows = 0;
-  for (const Tensor& p : parts) rows += p.dim(0);
-  Shape shape = parts.at(0).shape();
-  shape[0] = rows;
-  Tensor out = Tensor::zeros(parts[0].dtype(), shape);
-  auto* dst = static_cast<std::byte*>(out.raw());
-  for (const Tensor& p : parts) {
-    check(p.dtype() == out.dtype() && p.rank() == out.rank() && p.nbytes() / std::max<int64_t>(1, p.dim(0)) ==
-                                                                   out.nbytes() / std::max<int64_t>(1, rows),
-          "concat_rows: mismatched parts");
-    std::memcpy(dst, p.raw(), p.nbytes());
-    dst += p.nbytes();
-  }
-  return out;
-}
-
-Tensor filled(int64_t n, float value) {
-  Tensor t = Tensor::zeros(DType::kF32, {n});
-  std::fill_n(t.data<float>(), n, value);
-  return t;
-}
 
 // One (rows, cols) weight in `format`: the quantized codes and their per-row scales, on the CPU.
 struct Quantized {
@@ -114,26 +92,6 @@ Linear fused_linear(const std::vector<Tensor>& parts, WeightFormat format, Ops& 
   return linear;
 }
 
-// The names of a layer's norms under model.layers.{i}.; nullptr where the architecture has none.
-struct NormNames {
-  const char* pre_attn;
-  const char* post_attn;
-  const char* pre_moe;
-  const char* post_moe;
-};
-
-NormNames norm_names(Architecture architecture) {
-  switch (architecture) {
-    case Architecture::kMixtral:
-      return {.pre_attn = "input_layernorm", .post_attn = nullptr,
-              .pre_moe = "post_attention_layernorm", .post_moe = nullptr};
-    case Architecture::kGrok1:
-      return {.pre_attn = "pre_attn_norm", .post_attn = "post_attn_norm",
-              .pre_moe = "pre_moe_norm", .post_moe = "post_moe_norm"};
-  }
-  fail("unreachable architecture");
-}
-
 }  // namespace
 
 std::optional<Quantization> quantization_from_name(std::string_view name) {
@@ -155,15 +113,21 @@ const char* quantization_name(Quantization q) {
 }
 
 Quantization resolve_quantization(Quantization requested, const ModelConfig& config) {
-  if (config.quantization_config)
-    fail("this checkpoint is pre-quantized (quantization_config in config.json); loading "
-         "pre-quantized checkpoints is not supported yet: use a bf16 checkpoint");
+  if (config.quantization_config) {  // pre-quantized: its own scheme, whatever else is asked
+    const Quantization scheme = prequantized_scheme(config);
+    check(requested == Quantization::kAuto || requested == scheme,
+          "this checkpoint is pre-quantized as ", quantization_name(scheme),
+          " (quantization_config in config.json); --quantization ", quantization_name(requested),
+          " cannot be applied to it: use auto");
+    return scheme;
+  }
   return requested == Quantization::kAuto ? Quantization::kNone : requested;
 }
 
 ModelWeights load_weights(const Checkpoint& checkpoint, const ModelConfig& c,
                           Quantization quantization, Ops& ops, LoadProgress progress) {
   quantization = resolve_quantization(quantization, c);
+  if (c.quantization_config) return load_quark_weights(checkpoint, c, ops, progress);
   const WeightFormat attention_format =
       quantization == Quantization::kNone ? WeightFormat::kBf16 : WeightFormat::kFp8;
   const WeightFormat expert_format = quantization == Quantization::kQuarkInt4Fp8Moe ? WeightFormat::kInt4

@@ -3,6 +3,7 @@
 //   fp8                W8A8: attention projections and experts FP8 per tensor, dynamic per-token activations
 //   quark_int4fp8_moe  W4A8: experts INT4 per output channel, attention projections FP8 per tensor
 // Routers, norms, embeddings and lm_head stay BF16 in every scheme.
+// A pre-quantized checkpoint (quantization_config in config.json) loads as it is (quark_loader.h).
 #pragma once
 
 #include <optional>
