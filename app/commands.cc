@@ -70,6 +70,18 @@ void add_commands(CLI::App& app, Commands& c) {
   c.plan->add_option("--mem-fraction-static", c.model.mem_fraction_static, "share of the memory for weights and KV cache")
       ->capture_default_str();
   c.plan->add_option("--max-total-tokens", c.model.max_total_tokens, "KV cache tokens that must fit as well");
+
+  EvalOptions& e = c.eval_options;
+  c.eval = app.add_subcommand("eval", "accuracy on held-out arithmetic problems or perplexity on held-out prose");
+  add_model_options(*c.eval, c.model);
+  c.eval->add_option("--task", e.task, "arithmetic or perplexity")->required();
+  c.eval->add_option("--data", e.data, "JSON Lines file (default: MODEL_PATH/eval/arithmetic.jsonl or prose.jsonl)");
+  c.eval->add_option("--limit", e.limit, "evaluate the first N items (0: all)")->capture_default_str();
+  c.eval->add_option("--max-new-tokens", e.max_new_tokens, "arithmetic: tokens generated per answer at most")
+      ->capture_default_str();
+  c.eval->add_option("--max-running-requests", e.max_running_requests, "arithmetic: requests decoding at once")
+      ->capture_default_str();
+  c.eval->add_option("--details", e.details, "write one JSON line per item to this file");
 }
 
 int run_command(const CLI::App&, const Commands& c) {
@@ -80,6 +92,7 @@ int run_command(const CLI::App&, const Commands& c) {
   if (c.quantize->parsed()) return run_quantize(c);
   if (c.bench_one_batch->parsed()) return run_bench_one_batch(c);
   if (c.plan->parsed()) return run_plan(c);
+  if (c.eval->parsed()) return run_eval(c);
   return 2;
 }
 

@@ -42,6 +42,16 @@ struct QuantizeOptions {
   std::string max_shard_size = "5GB";
 };
 
+// `nibble eval`: accuracy or perplexity on a held-out set (app/eval_tasks.h).
+struct EvalOptions {
+  std::string task;     // arithmetic or perplexity
+  std::string data;     // JSON Lines; empty: <model-path>/eval/{arithmetic,prose}.jsonl
+  int64_t limit = 0;    // the first N items; 0: all
+  int64_t max_new_tokens = 64;
+  int64_t max_running_requests = 128;
+  std::string details;  // per-item JSON Lines here when set
+};
+
 struct Commands {
   CLI::App* generate = nullptr;
   CLI::App* logits = nullptr;
@@ -50,6 +60,7 @@ struct Commands {
   CLI::App* quantize = nullptr;
   CLI::App* bench_one_batch = nullptr;
   CLI::App* plan = nullptr;
+  CLI::App* eval = nullptr;
 
   ModelOptions model;
   // generate
@@ -71,6 +82,7 @@ struct Commands {
   QuantizeOptions quantize_options;
   BenchOptions bench;
   PlanCommandOptions plan_options;
+  EvalOptions eval_options;
 };
 
 void add_commands(CLI::App& app, Commands& commands);
@@ -83,5 +95,6 @@ int run_serve(const Commands& commands);  // fails when built without cpp-httpli
 int run_quantize(const Commands& commands);
 int run_bench_one_batch(const Commands& commands);
 int run_plan(const Commands& commands);
+int run_eval(const Commands& commands);
 
 }  // namespace nibble
