@@ -250,7 +250,7 @@ def profile_steps(args, config, experts, device, batches, amp, steps=3):
     total = sum(device_time) / steps / 1e3
     log(f"profile: {total:.1f} ms of GPU kernels per step ({len(events)} distinct ops); top:")
     for t, e in sorted(zip(device_time, events), key=lambda te: -te[0])[:14]:
-        log(f"  {t / steps / 1e3:7.2f} ms  {e.count // steps:4d}x  {e.key[:90]}")
+        log(f"profile: {t / steps / 1e3:7.2f} ms  {e.count // steps:4d}x  {e.key[:90]}")
 
 
 def lr_at(progress, peak, warmup, final_fraction):
