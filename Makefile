@@ -2,7 +2,11 @@
 BUILD ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
-DEMO_MODEL ?= tests/fixtures/tiny-mixtral
+# The trained demo MoE (models/demo-moe, README "The demo model") once it is there, else the tiny
+# random fixture; on the GPU when nvidia-smi finds one and the build has the CUDA backend.
+DEMO_MODEL ?= $(if $(wildcard models/demo-moe/model.safetensors),models/demo-moe,tests/fixtures/tiny-mixtral)
+DEMO_QUESTION ?= A shop sells pencils in boxes of 12. Sam buys 4 boxes and already has 9 pencils at home. How many pencils does Sam have in total?
+DEMO_PROSE ?= It is a truth universally acknowledged
 
 .PHONY: all deps build test demo fuzz sanitize format clean
 
@@ -22,8 +26,12 @@ test: build fuzz
 	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
 
 demo: build
-	$(BUILD)/nibble generate --model-path $(DEMO_MODEL) --device cpu \
-	  --quantization quark_int4fp8_moe --prompt "The quick brown fox" --max-new-tokens 24
+	@device=cpu; if [ -d $(BUILD)/src/cuda ] && nvidia-smi -L >/dev/null 2>&1; then device=cuda; fi; \
+	flags="--model-path $(DEMO_MODEL) --device $$device --quantization quark_int4fp8_moe --kv-cache-dtype fp8_e4m3"; \
+	echo "== $(DEMO_MODEL) on $$device, INT4 experts with FP8 math (W4A8), FP8 KV cache: a word problem"; \
+	$(BUILD)/nibble generate $$flags --max-new-tokens 48 --prompt "$$(printf 'Question: %s\nAnswer:' '$(DEMO_QUESTION)')" && \
+	echo "== a prose continuation" && \
+	$(BUILD)/nibble generate $$flags --max-new-tokens 48 --prompt "$(DEMO_PROSE)"
 
 # libFuzzer on the safetensors header parser, for a bounded time (clang build in its own folder).
 FUZZ_SECONDS ?= 60
