@@ -78,7 +78,7 @@ struct RunResult {
   double prefill_latency = 0.0;
   int64_t prefill_steps = 0;
   std::vector<double> decode_latencies;
-  std::vector<int32_t> first_output;  // the tokens sequence 0 generated
+  std::vector<std::vector<int32_t>> outputs;  // the tokens each sequence generated
 };
 
 // One round: prefill in steps of at most `chunk` tokens (a sequence may span steps), then decode.
@@ -123,8 +123,8 @@ RunResult run_once(ModelRunner& runner, BlockManager& blocks,
     finish_step(step, runner.run(step));
     r.decode_latencies.push_back(seconds_since(start));
   }
-  const Sequence& first = seqs.front();
-  r.first_output.assign(first.tokens().begin() + first.num_prompt_tokens(), first.tokens().end());
+  for (const Sequence& seq : seqs)
+    r.outputs.emplace_back(seq.tokens().begin() + seq.num_prompt_tokens(), seq.tokens().end());
   for (Sequence& seq : seqs) blocks.release(seq);
   return r;
 }
@@ -249,7 +249,7 @@ int run_bench_one_batch(const Commands& c) {
       {"decode_weight_bytes", first.weights},
       {"expected_active_experts", first.active_experts},
       {"kv_cache_tokens", kv_tokens},
-      {"output_ids", r.first_output}};
+      {"output_ids", r.outputs}};
   char line[240];
   if (!r.decode_latencies.empty()) {
     const double med = median(r.decode_latencies);
