@@ -127,7 +127,8 @@ class Tiny(unittest.TestCase):
         prompt = f"Question: {problems[3]['question']}\nAnswer:"
         r = run("generate", "--model-path", TINY, "--prompt", prompt, "--max-new-tokens", "12")
         self.assertEqual(r.returncode, 0, r.stderr)
-        self.assertEqual(r.stdout[len(prompt):].rstrip("\n"), items[3]["generated"])
+        self.assertTrue(r.stdout.startswith(prompt) and r.stdout.endswith("\n"), r.stdout)
+        self.assertEqual(r.stdout[len(prompt):-1], items[3]["generated"])
         # Set each answer to what the model predicted: every problem with a prediction is now correct.
         for problem, item in zip(problems, items):
             problem["answer"] = item["prediction"] if item["prediction"] is not None else -12345
