@@ -34,34 +34,6 @@ struct DecodeArgs {
   float q_scale, logit_softcap, v_scale;
 };
 
-// Eight KV elements as floats, from 8 FP8 bytes or 8 BF16 values.
-template <bool kFp8>
-__device__ inline void load8(const void* base, int64_t index, float (&v)[8]) {
-  if constexpr (kFp8) {
-    const uint2 raw = *reinterpret_cast<const uint2*>(static_cast<const uint8_t*>(base) + index);
-    const uint32_t words[2] = {raw.x, raw.y};
-#pragma unroll
-    for (int w = 0; w < 2; ++w)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const __half2_raw pair = __nv_cvt_fp8x2_to_halfraw2(
-            static_cast<__nv_fp8x2_storage_t>(words[w] >> (16 * h)), __NV_E4M3);
-        const float2 f = __half22float2(__half2(pair));
-        v[4 * w + 2 * h] = f.x;
-        v[4 * w + 2 * h + 1] = f.y;
-      }
-  } else {
-    const uint4 raw = *reinterpret_cast<const uint4*>(static_cast<const bf16*>(base) + index);
-    const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
-#pragma unroll
-    for (int w = 0; w < 4; ++w) {
-      const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&words[w]));
-      v[2 * w] = f.x;
-      v[2 * w + 1] = f.y;
-    }
-  }
-}
-
 // Four KV elements as floats.
 template <bool kFp8>
 __device__ inline void load4(const void* base, int64_t index, float (&v)[4]) {
@@ -83,13 +55,35 @@ __device__ inline void load4(const void* base, int64_t index, float (&v)[4]) {
   }
 }
 
+// Sixteen FP8 values (one 16-byte load) as floats.
+__device__ inline void fp8x16_to_float(const uint4 raw, float (&v)[16]) {
+  const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+  for (int w = 0; w < 4; ++w)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const __half2_raw pair =
+          __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(words[w] >> (16 * h)), __NV_E4M3);
+      const float2 f = __half22float2(__half2(pair));
+      v[4 * w + 2 * h] = f.x;
+      v[4 * w + 2 * h + 1] = f.y;
+    }
+}
+
 template <bool kFp8>
 __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant__ DecodeArgs a) {
+  constexpr int kElemBytes = kFp8 ? 1 : 2;
+  constexpr int kRowVecs = kHeadDim * kElemBytes / 16;     // 16-byte vectors in one key's row
+  constexpr int kTileVecs = kTile * kRowVecs / kThreads;  // 16-byte V loads a thread makes per tile
   __shared__ float q_s[kMaxGroup][kHeadDim];
   __shared__ float p_s[kMaxGroup][kTile];
   __shared__ int64_t slot_s[kTile];
   __shared__ float m_s[kMaxGroup], l_s[kMaxGroup], alpha_s[kMaxGroup];
-  __shared__ float acc_s[kThreads / 32][kMaxGroup][kHeadDim];
+  // The tile's V rows while summing; the four warps' partial sums at the end.
+  __shared__ union {
+    uint4 v[kTile * kRowVecs];
+    float acc[kThreads / 32][kMaxGroup][kHeadDim];
+  } buf;
   const int sp = blockIdx.x, kh = blockIdx.y, s = blockIdx.z, tid = threadIdx.x;
   const int warp = tid / 32, lane = tid % 32, G = a.group;
   const int len = a.seq_lens[s];
@@ -110,21 +104,35 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
   const int32_t* table = a.block_tables + s * a.max_blocks;
   for (int tile = begin; tile < end; tile += kTile) {
     const int j = tile + tid, count = min(kTile, end - tile);
-    // Scores: thread tid scores key j against the group's query heads.
+    // Scores: thread tid scores key j against the group's query heads, its row in 16-byte loads.
     if (j < end) {
       const int64_t slot = int64_t{table[j / a.block_size]} * a.block_size + j % a.block_size;
       slot_s[tid] = slot;
+      const auto* row = reinterpret_cast<const uint4*>(static_cast<const uint8_t*>(a.k_cache) +
+                                                       (slot * kv_width + int64_t{kh} * kHeadDim) * kElemBytes);
+      uint4 raw[kRowVecs];
+#pragma unroll
+      for (int v = 0; v < kRowVecs; ++v) raw[v] = row[v];
       float dot[kMaxGroup] = {};
-      const int64_t base = slot * kv_width + int64_t{kh} * kHeadDim;
-#pragma unroll 4
-      for (int d0 = 0; d0 < kHeadDim; d0 += 8) {
-        float k[8];
-        load8<kFp8>(a.k_cache, base + d0, k);
+#pragma unroll
+      for (int v = 0; v < kRowVecs; ++v) {
+        float k[16];
+        if constexpr (kFp8) {
+          fp8x16_to_float(raw[v], k);
+        } else {
+          const uint32_t words[4] = {raw[v].x, raw[v].y, raw[v].z, raw[v].w};
+#pragma unroll
+          for (int w = 0; w < 4; ++w) {
+            const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&words[w]));
+            k[2 * w] = f.x, k[2 * w + 1] = f.y;
+          }
+        }
+        constexpr int kPer = 16 / kElemBytes;  // values in one vector
 #pragma unroll
         for (int g = 0; g < kMaxGroup; ++g) {
           if (g >= G) break;
 #pragma unroll
-          for (int i = 0; i < 8; ++i) dot[g] += q_s[g][d0 + i] * k[i];
+          for (int i = 0; i < kPer; ++i) dot[g] += q_s[g][v * kPer + i] * k[i];
         }
       }
       for (int g = 0; g < G; ++g)
@@ -133,6 +141,15 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
       for (int g = 0; g < G; ++g) p_s[g][tid] = -FLT_MAX;
     }
     __syncthreads();
+    // The tile's V rows: every load in flight at once, kept in registers through the softmax.
+    uint4 v_regs[kTileVecs] = {};
+#pragma unroll
+    for (int i = 0; i < kTileVecs; ++i) {
+      const int idx = i * kThreads + tid, key = idx / kRowVecs, part = idx % kRowVecs;
+      if (key < count)
+        v_regs[i] = reinterpret_cast<const uint4*>(static_cast<const uint8_t*>(a.v_cache) +
+                                                   (slot_s[key] * kv_width + int64_t{kh} * kHeadDim) * kElemBytes)[part];
+    }
     // Online softmax per head: warp w owns heads w, w + 4, ...
     for (int g = warp; g < G; g += kThreads / 32) {
       float x[kTile / 32], mx = -FLT_MAX;
@@ -156,6 +173,9 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
         m_s[g] = m_new;
       }
     }
+#pragma unroll
+    for (int i = 0; i < kTileVecs; ++i)
+      if ((i * kThreads + tid) / kRowVecs < count) buf.v[i * kThreads + tid] = v_regs[i];
     __syncthreads();
     // Σ p·v: warp w takes keys w, w + 4, ...; lane owns dims 4·lane .. 4·lane + 3.
     for (int g = 0; g < G; ++g) {
@@ -163,9 +183,11 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
 #pragma unroll
       for (int i = 0; i < 4; ++i) acc[g][i] *= alpha;
     }
+    const auto* v_bytes = reinterpret_cast<const uint8_t*>(buf.v);
+#pragma unroll 4
     for (int jj = warp; jj < count; jj += kThreads / 32) {
       float v[4];
-      load4<kFp8>(a.v_cache, slot_s[jj] * kv_width + int64_t{kh} * kHeadDim + 4 * lane, v);
+      load4<kFp8>(v_bytes + int64_t{jj} * kHeadDim * kElemBytes, 4 * lane, v);
 #pragma unroll
       for (int g = 0; g < kMaxGroup; ++g) {
         if (g >= G) break;
@@ -180,12 +202,12 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
   // Sum the four warps' partial Σ p·v and write this slice.
   for (int g = 0; g < G; ++g)
 #pragma unroll
-    for (int i = 0; i < 4; ++i) acc_s[warp][g][4 * lane + i] = acc[g][i];
+    for (int i = 0; i < 4; ++i) buf.acc[warp][g][4 * lane + i] = acc[g][i];
   __syncthreads();
   for (int i = tid; i < G * kHeadDim; i += kThreads) {
     const int g = i / kHeadDim, d = i % kHeadDim;
     const int64_t part = (int64_t{s} * a.heads + int64_t{kh} * G + g) * a.splits + sp;
-    a.part_acc[part * kHeadDim + d] = acc_s[0][g][d] + acc_s[1][g][d] + acc_s[2][g][d] + acc_s[3][g][d];
+    a.part_acc[part * kHeadDim + d] = buf.acc[0][g][d] + buf.acc[1][g][d] + buf.acc[2][g][d] + buf.acc[3][g][d];
     if (d == 0) {
       a.part_ml[2 * part] = begin < end ? m_s[g] : -FLT_MAX;
       a.part_ml[2 * part + 1] = begin < end ? l_s[g] : 0.0f;
