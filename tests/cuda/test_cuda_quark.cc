@@ -2,13 +2,15 @@
 // are written on the CPU (calibrate + write_quark_checkpoint, what `nibble quantize` runs) and
 // loaded with CudaOps: without their static scales the logits equal online quantization's on CUDA;
 // with them (static FP8 input scales on the attention projections, per-layer FP8 KV scales) they
-// match the CPU twin with BF16 activations as closely as online quantization does
-// (CudaTinyMixtral).
+// match the CPU twin with BF16 activations as closely as online quantization does: within twice the
+// fixture's own sensitivity to one BF16 rounding (the CPU twin in F32 against BF16 activations), as
+// CudaTinyMixtral measures it (FP8 activations make a random tiny MoE flip experts).
 #include <gtest/gtest.h>
 
 #include <iostream>
 
 #include "cpu/bf16_activations.h"
+#include "cpu/cpu_ops.h"
 #include "cuda/cuda_ops.h"
 #include "gpu_test_util.h"
 #include "model/quark_test_util.h"
@@ -57,14 +59,19 @@ TEST_P(CudaQuark, MatchesOnlineAndTheCpuTwin) {
                    gpu);
   Bf16ActivationOps cpu;  // the CPU twin with the GPU's activation precision
   Model twin(config, load_quark_weights(quantized, config, cpu, nullptr, StaticScales::kUse), cpu);
+  CpuOps cpu_f32;
+  Model twin_f32(config, load_quark_weights(quantized, config, cpu_f32, nullptr, StaticScales::kUse), cpu_f32);
 
   const double same_weights = worst_row(prompt_logits(online, c), prompt_logits(plain, c));
-  const double vs_cpu = worst_row(prompt_logits(twin, c), prompt_logits(calibrated, c));
+  const Tensor twin_logits = prompt_logits(twin, c);
+  const double vs_cpu = worst_row(twin_logits, prompt_logits(calibrated, c));
+  const double floor = worst_row(twin_logits, prompt_logits(twin_f32, c));
   std::cout << c.model << (c.kv == KvCacheDType::kFp8E4M3 ? ", fp8 kv" : ", bf16 kv")
             << ": cuda quark (no static scales) vs cuda online, worst relative L2 " << same_weights
-            << "; cuda vs cpu twin with static scales " << vs_cpu << "\n";
+            << "; cuda vs cpu twin with static scales " << vs_cpu << " (cpu f32 vs bf16 activations " << floor
+            << ")\n";
   EXPECT_LE(same_weights, 1e-5);
-  EXPECT_LE(vs_cpu, 1e-2);
+  EXPECT_LE(vs_cpu, 2.0 * floor + 1e-2);
 }
 
 INSTANTIATE_TEST_SUITE_P(
