@@ -191,7 +191,9 @@ int run_bench_one_batch(const Commands& c) {
                                              .max_logit_rows = b.batch_size,
                                              .want_tokens = needed,
                                              .min_tokens = needed});
-  ModelRunner runner(*loaded.model, kv_tokens / kBlockSize, kBlockSize, loaded.kv_dtype);
+  ModelRunner runner(*loaded.model, kv_tokens / kBlockSize, kBlockSize, loaded.kv_dtype,
+                     {.cuda_graphs = c.model.cuda_graphs(), .max_graph_batch = std::max<int64_t>(b.batch_size, 1),
+                      .max_context = 0});
   BlockManager blocks(kv_tokens / kBlockSize, kBlockSize);
   const auto prompts = random_prompts(b.batch_size, b.input_len, config.vocab_size, b.seed);
 

@@ -65,7 +65,8 @@ nlohmann::json run_arithmetic_task(const EvalOptions& e, const ModelOptions& m,
                 {.num_blocks = tokens / kBlockSize,
                  .block_size = kBlockSize,
                  .kv_dtype = loaded.kv_dtype,
-                 .scheduler = {.max_running = running, .max_batched_tokens = chunk}});
+                 .scheduler = {.max_running = running, .max_batched_tokens = chunk},
+                 .cuda_graphs = m.cuda_graphs()});
   int64_t correct = 0;
   const auto start = Clock::now();
   const std::vector<ArithmeticItem> items =

@@ -43,7 +43,8 @@ EngineConfig engine_config(const ServeOptions& s, const LoadedModel& loaded, con
   const int64_t chunk = s.chunked_prefill_size == -1 ? tokens : s.chunked_prefill_size;
   return {.num_blocks = tokens / kBlockSize,
           .block_size = kBlockSize,
-          .scheduler = {.max_running = s.max_running_requests, .max_batched_tokens = chunk}};
+          .scheduler = {.max_running = s.max_running_requests, .max_batched_tokens = chunk},
+          .cuda_graphs = model.cuda_graphs()};
 }
 
 // SIGINT and SIGTERM are blocked in every thread (the mask is set before any thread starts, and

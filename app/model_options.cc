@@ -107,6 +107,8 @@ void add_model_options(CLI::App& command, ModelOptions& o) {
       ->capture_default_str();
   command.add_option("--max-total-tokens", o.max_total_tokens,
                      "KV cache size in tokens (default: what memory allows; 16384 on the CPU)");
+  command.add_flag("--disable-cuda-graph", o.disable_cuda_graph,
+                   "run decode steps eagerly instead of replaying CUDA graphs");
 }
 
 const std::string& tokenizer_dir(const ModelOptions& o) {

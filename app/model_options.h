@@ -10,6 +10,7 @@
 #include <CLI/CLI.hpp>
 
 #include "format/model_config.h"
+#include "engine/model_runner.h"
 #include "model/kv_cache.h"
 #include "model/loader.h"
 #include "model/memory_plan.h"
@@ -28,6 +29,9 @@ struct ModelOptions {
   double mem_fraction_static = kDefaultMemFractionStatic;  // weights + KV cache share of the memory
   int64_t max_total_tokens =
       0;  // KV cache tokens; 0: what memory allows (16384 at most on the CPU)
+  bool disable_cuda_graph = false;  // --disable-cuda-graph: decode steps run eagerly
+
+  CudaGraphs cuda_graphs() const { return disable_cuda_graph ? CudaGraphs::kOff : CudaGraphs::kOn; }
 };
 
 void add_model_options(CLI::App& command, ModelOptions& options);
