@@ -11,7 +11,7 @@
 #include "baselines.h"
 #include "device_buffer.h"
 #include "handles.h"
-#include "lt_fp8_gemm.h"
+#include "cuda/lt_fp8_gemm.h"
 #include "random_fill.h"
 
 namespace nibble::bench {
@@ -86,17 +86,17 @@ class Fp8Moe final : public MoeVariant {
  private:
   struct ExpertStep {
     ExpertRows rows;
-    LtFp8Gemm* gate_up = nullptr;
-    LtFp8Gemm* down = nullptr;
+    cuda::LtFp8Gemm* gate_up = nullptr;
+    cuda::LtFp8Gemm* down = nullptr;
   };
 
   static std::size_t elements(int64_t a, int64_t b, int64_t c) {
     return static_cast<std::size_t>(a * b * c);
   }
 
-  LtFp8Gemm& plan(int64_t m, int64_t n, int64_t k) {
-    std::unique_ptr<LtFp8Gemm>& p = plans_[{m, n, k}];
-    if (!p) p = std::make_unique<LtFp8Gemm>(lt_.get(), m, n, k, kLtWorkspaceBytes);
+  cuda::LtFp8Gemm& plan(int64_t m, int64_t n, int64_t k) {
+    std::unique_ptr<cuda::LtFp8Gemm>& p = plans_[{m, n, k}];
+    if (!p) p = std::make_unique<cuda::LtFp8Gemm>(lt_.get(), m, n, k, kLtWorkspaceBytes);
     return *p;
   }
 
@@ -141,7 +141,7 @@ class Fp8Moe final : public MoeVariant {
   DeviceBuffer down_out_;              // BF16 (T·K, H), without the row's act scale
   DeviceBuffer out_;                   // BF16 (T, H)
   DeviceBuffer lt_workspace_;
-  std::map<std::array<int64_t, 3>, std::unique_ptr<LtFp8Gemm>> plans_;  // by (m, n, k)
+  std::map<std::array<int64_t, 3>, std::unique_ptr<cuda::LtFp8Gemm>> plans_;  // by (m, n, k)
   std::vector<ExpertStep> experts_;  // of the prepared token count
 };
 

@@ -5,7 +5,7 @@
 #include "cuda/copy_bandwidth.h"
 #include "device_buffer.h"
 #include "handles.h"
-#include "lt_fp8_gemm.h"
+#include "cuda/lt_fp8_gemm.h"
 #include "random_fill.h"
 #include "timing.h"
 
@@ -25,7 +25,7 @@ double fp8_gemm_rate(int64_t size, int reps, cudaStream_t stream) {
   fill_uniform_fp8(b.get(), elements, 448.0f, 13, stream);
 
   const LtHandle handle;
-  LtFp8Gemm gemm(handle.get(), size, size, size, kLtWorkspaceBytes);
+  cuda::LtFp8Gemm gemm(handle.get(), size, size, size, kLtWorkspaceBytes);
   const auto body = [&] { gemm.run(a.get(), b.get(), d.get(), 1.0f, workspace.get(), stream); };
   for (int i = 0; i < kWarmup; ++i) body();
   const double us = median(time_each(body, stream, reps));

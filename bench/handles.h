@@ -1,5 +1,5 @@
-// Owned CUDA stream and cuBLAS / cuBLASLt handles, and the status check for the two libraries
-// (the twin of cuda_check, raising nibble::Error with the caller's location).
+// Owned CUDA stream and cuBLAS / cuBLASLt handles for the benchmark harness (the status check is
+// cuda::cublas_check, from src/cuda/lt_fp8_gemm.h).
 #pragma once
 
 #include <cublasLt.h>
@@ -10,15 +10,11 @@
 
 #include "core/error.h"
 #include "cuda/cuda_check.h"
+#include "cuda/lt_fp8_gemm.h"
 
 namespace nibble::bench {
 
-inline void cublas_check(cublasStatus_t status,
-                         std::source_location where = std::source_location::current()) {
-  if (status != CUBLAS_STATUS_SUCCESS)
-    fail("cuBLAS error ", cublasGetStatusName(status), " (", cublasGetStatusString(status), ") at ",
-         where.file_name(), ":", where.line());
-}
+using cuda::cublas_check;
 
 class Stream {
  public:
