@@ -155,6 +155,22 @@ struct LayerCase {
 
 class MoeLayer : public ::testing::TestWithParam<LayerCase> {};
 
+// The GPU MoE layer on random tokens against CpuOps::moe: relative L2 over the whole (T, H) output,
+// poisoned before the run.
+double layer_error(const MoeWeights& host, const MoeParams& params, int64_t T) {
+  const int64_t H = host.experts.hidden_size;
+  const Tensor x_bf16 = to_bf16(random_f32({T, H}, 11));
+  CpuOps cpu;
+  Tensor ref = Tensor::zeros(DType::kF32, {T, H});
+  cpu.moe(to_f32(x_bf16), host, params, ref);
+  const cuda::MoeWeightsW4A8 w = cuda::upload_moe_w4a8(host);
+  cuda::MoeWorkspace ws(w, T, params.top_k);
+  Tensor out = poisoned(DType::kBF16, {T, H});
+  cuda::moe_w4a8(cuda::upload(x_bf16), w, params, ws, out, nullptr);
+  const Tensor got = to_f32(cuda::download(out));
+  return rel_l2(ref.data<float>(), got.data<float>(), T * H);
+}
+
 TEST_P(MoeLayer, MatchesCpuTwin) {
   SKIP_WITHOUT_GPU();
   const auto [E, H, I, T, top_k, router_norm, activation, router_softcap] = GetParam();
@@ -165,18 +181,7 @@ TEST_P(MoeLayer, MatchesCpuTwin) {
                               .down = down.packed, .down_scale = down.scale}};
   const MoeParams params{
       .top_k = top_k, .router_norm = router_norm, .activation = activation, .router_softcap = router_softcap};
-  const Tensor x_bf16 = to_bf16(random_f32({T, H}, 11));
-
-  CpuOps cpu;
-  Tensor ref = Tensor::zeros(DType::kF32, {T, H});
-  cpu.moe(to_f32(x_bf16), host, params, ref);
-
-  const cuda::MoeWeightsW4A8 w = cuda::upload_moe_w4a8(host);
-  cuda::MoeWorkspace ws(w, T, top_k);
-  Tensor out = poisoned(DType::kBF16, {T, H});
-  cuda::moe_w4a8(cuda::upload(x_bf16), w, params, ws, out, nullptr);
-  const Tensor got = to_f32(cuda::download(out));
-  const double err = rel_l2(ref.data<float>(), got.data<float>(), T * H);
+  const double err = layer_error(host, params, T);
   std::cout << "E=" << E << " H=" << H << " I=" << I << " T=" << T << " top-k=" << top_k << ": relative L2 "
             << err << "\n";
   // The GPU rounds its output to bf16 (relative 2^-9), and its FP8 tensor cores sum each 64-wide K
@@ -208,17 +213,7 @@ TEST(MoeLayerFp8, MatchesCpuTwin) {
                     .experts = {.format = WeightFormat::kFp8, .num_experts = E, .hidden_size = H,
                                 .intermediate_size = I, .gate_up = gate_up, .gate_up_scale = filled({E, 2 * I}, gate_up_scale),
                                 .down = down, .down_scale = filled({E, H}, down_scale)}};
-    const MoeParams params{.top_k = top_k};
-    const Tensor x_bf16 = to_bf16(random_f32({T, H}, 11));
-    CpuOps cpu;
-    Tensor ref = Tensor::zeros(DType::kF32, {T, H});
-    cpu.moe(to_f32(x_bf16), host, params, ref);
-    const cuda::MoeWeightsW4A8 w = cuda::upload_moe_w4a8(host);
-    cuda::MoeWorkspace ws(w, T, top_k);
-    Tensor out = poisoned(DType::kBF16, {T, H});
-    cuda::moe_w4a8(cuda::upload(x_bf16), w, params, ws, out, nullptr);
-    const Tensor got = to_f32(cuda::download(out));
-    const double err = rel_l2(ref.data<float>(), got.data<float>(), T * H);
+    const double err = layer_error(host, {.top_k = top_k}, T);
     std::cout << "FP8 experts E=" << E << " H=" << H << " I=" << I << " T=" << T << ": relative L2 " << err << "\n";
     EXPECT_LE(err, 1e-2);
   }
