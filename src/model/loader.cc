@@ -176,16 +176,7 @@ ModelWeights load_weights(const Checkpoint& checkpoint, const ModelConfig& c,
         down_scale.push_back(w2.scale);
       }
     }
-    Experts& ex = moe.experts;
-    ex = {.format = expert_format, .num_experts = E, .hidden_size = H, .intermediate_size = I,
-          .gate_up = concat_rows(gate_up).reshape({E, 2 * I, -1}),
-          .gate_up_scale = {},
-          .down = concat_rows(down).reshape({E, H, -1}),
-          .down_scale = {}};
-    if (expert_format != WeightFormat::kBf16) {
-      ex.gate_up_scale = concat_rows(gate_up_scale).reshape({E, 2 * I});
-      ex.down_scale = concat_rows(down_scale).reshape({E, H});
-    }
+    moe.experts = stack_experts(expert_format, H, I, gate_up, gate_up_scale, down, down_scale);
     layer.moe = ops.prepare_moe(moe);
     w.layers.push_back(std::move(layer));
   }

@@ -46,4 +46,20 @@ Tensor filled(int64_t n, float value) {
   return t;
 }
 
+Experts stack_experts(WeightFormat format, int64_t H, int64_t I, const std::vector<Tensor>& gate_up,
+                      const std::vector<Tensor>& gate_up_scale, const std::vector<Tensor>& down,
+                      const std::vector<Tensor>& down_scale) {
+  const auto E = static_cast<int64_t>(gate_up.size());
+  Experts ex{.format = format, .num_experts = E, .hidden_size = H, .intermediate_size = I,
+             .gate_up = concat_rows(gate_up).reshape({E, 2 * I, -1}),
+             .gate_up_scale = {},
+             .down = concat_rows(down).reshape({E, H, -1}),
+             .down_scale = {}};
+  if (format != WeightFormat::kBf16) {
+    ex.gate_up_scale = concat_rows(gate_up_scale).reshape({E, 2 * I});
+    ex.down_scale = concat_rows(down_scale).reshape({E, H});
+  }
+  return ex;
+}
+
 }  // namespace nibble

@@ -7,6 +7,7 @@
 
 #include "core/tensor.h"
 #include "format/model_config.h"
+#include "model/weights.h"
 
 namespace nibble {
 
@@ -25,5 +26,11 @@ Tensor concat_rows(const std::vector<Tensor>& parts);
 
 // F32 (n) filled with `value` (a per-tensor scale repeated over the rows), on the CPU.
 Tensor filled(int64_t n, float value);
+
+// One layer's experts stacked from per-expert CPU parts: gate_up (2I, ·) and down (H, ·) in `format`,
+// with their F32 row scales (empty lists for kBf16).
+Experts stack_experts(WeightFormat format, int64_t hidden_size, int64_t intermediate_size,
+                      const std::vector<Tensor>& gate_up, const std::vector<Tensor>& gate_up_scale,
+                      const std::vector<Tensor>& down, const std::vector<Tensor>& down_scale);
 
 }  // namespace nibble
