@@ -24,12 +24,13 @@ TINY = pathlib.Path("tests/fixtures/tiny-mixtral")
 REFERENCE = json.loads(pathlib.Path("tests/fixtures/tiny-mixtral-reference.json").read_text())
 DEMO = pathlib.Path("models/demo-moe")
 
-# The demo-model check (subset sizes keep it well under 30 s on two cores).
-DEMO_PROBLEMS = 200
-DEMO_PASSAGES = 40
-DEMO_MIN_BF16_ACCURACY = 0.6      # issue 8: high enough to make differences visible
-DEMO_MAX_ACCURACY_GAP = 0.02      # |W4A8 - bf16| on the subset (paired: same problems)
-DEMO_MAX_PERPLEXITY_RATIO = 1.02  # W4A8 / bf16
+# The demo-model check: W4A8 with the FP8 KV cache (the scheme nibble is for) against bf16 on the first
+# problems and passages of the held-out sets, small enough for about 30 s on two cores.
+DEMO_PROBLEMS = 64
+DEMO_PASSAGES = 10
+DEMO_MIN_BF16_ACCURACY = 0.95     # 100.0% on the full set (README)
+DEMO_MAX_ACCURACY_GAP = 0.01      # |W4A8 - bf16|, paired (same problems): no answer may change
+DEMO_MAX_PERPLEXITY_RATIO = 1.02  # W4A8 / bf16 (issue 8's bound)
 
 
 def run(*args):
@@ -171,11 +172,10 @@ class DemoModel(unittest.TestCase):
     def test_w4a8_accuracy_within_bound(self):
         base, _ = eval_json("--model-path", DEMO, "--task", "arithmetic", "--limit", DEMO_PROBLEMS)
         self.assertGreaterEqual(base["accuracy"], DEMO_MIN_BF16_ACCURACY)
-        for kv in ["bf16", "fp8_e4m3"]:
-            got, _ = eval_json("--model-path", DEMO, "--task", "arithmetic", "--limit", DEMO_PROBLEMS,
-                               "--quantization", "quark_int4fp8_moe", "--kv-cache-dtype", kv)
-            self.assertEqual(got["quantization"], "quark_int4fp8_moe")
-            self.assertLessEqual(abs(got["accuracy"] - base["accuracy"]), DEMO_MAX_ACCURACY_GAP, (kv, base, got))
+        got, _ = eval_json("--model-path", DEMO, "--task", "arithmetic", "--limit", DEMO_PROBLEMS,
+                           "--quantization", "quark_int4fp8_moe", "--kv-cache-dtype", "fp8_e4m3")
+        self.assertEqual((got["quantization"], got["kv_cache_dtype"]), ("quark_int4fp8_moe", "fp8_e4m3"))
+        self.assertLessEqual(abs(got["accuracy"] - base["accuracy"]), DEMO_MAX_ACCURACY_GAP, (base, got))
 
     def test_w4a8_perplexity_within_bound(self):
         base, _ = eval_json("--model-path", DEMO, "--task", "perplexity", "--limit", DEMO_PASSAGES)
