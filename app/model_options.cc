@@ -10,14 +10,19 @@
 #include <unistd.h>
 
 #include "cpu/cpu_ops.h"
+#include "cpu/thread_communicator.h"
 #ifdef NIBBLE_HAS_CUDA
 #include "cuda/cuda_ops.h"
 #endif
 #include "format/safetensors.h"
 #include "model/dummy_weights.h"
+#include "model/tensor_parallel.h"
 
 namespace nibble {
 namespace {
+
+// INT4 experts pack 8 columns per word: the CPU's shards of the intermediate size keep whole words.
+constexpr int64_t kCpuIntermediateMultiple = 8;
 
 // Without --max-total-tokens the CPU backend keeps its KV cache this small: taking most of the
 // host's memory would only slow a CPU run down.
@@ -122,8 +127,10 @@ LoadedModel load_model(const ModelOptions& o) {
   check(quantization.has_value(), "--quantization ", o.quantization,
         " is not supported (auto, none, fp8, quark_int4fp8_moe)");
   const KvCacheDType kv_dtype = parse_kv_cache_dtype(o.kv_cache_dtype);
-  check(o.tp_size == 1, "--tp-size ", o.tp_size,
-        " is not supported yet (only 1; `nibble plan` plans larger ones)");
+  check(o.tp_size >= 1, "--tp-size must be at least 1, got ", o.tp_size);
+  check(o.tp_size == 1 || o.device == "cpu", "--tp-size ", o.tp_size,
+        " on --device cuda is not supported yet (the NCCL path is pending; --device cpu runs the "
+        "ranks as threads; `nibble plan` plans larger ones)");
   check(o.device == "cpu" || o.device == "cuda", "--device ", o.device,
         " is not supported (cpu, cuda)");
   check(o.load_format == "auto" || o.load_format == "dummy", "--load-format ", o.load_format,
@@ -134,6 +141,7 @@ LoadedModel load_model(const ModelOptions& o) {
   const bool dummy = o.load_format == "dummy";
 
   ModelConfig config = load_model_config(dir);
+  if (o.tp_size > 1) check_tp_size(config, o.tp_size, kCpuIntermediateMultiple);
   const std::optional<Checkpoint> checkpoint =
       dummy ? std::nullopt : std::optional(Checkpoint::open(dir));
   LoadedModel loaded;
@@ -151,6 +159,16 @@ LoadedModel load_model(const ModelOptions& o) {
             << config.num_hidden_layers << " layers, " << config.num_local_experts
             << " experts) with quantization " << quantization_name(loaded.quantization) << " in "
             << seconds << " s\n";
+  if (o.tp_size > 1) {  // the ranks as threads, each with its own CPU backend
+    std::vector<std::unique_ptr<Ops>> peers;
+    for (int r = 1; r < o.tp_size; ++r) peers.push_back(make_ops(o.device));
+    loaded.model = std::make_unique<TensorParallelModel>(config, weights, *loaded.ops, std::move(peers),
+                                                         make_thread_communicators(o.tp_size));
+    std::cerr << "tensor parallel: " << o.tp_size << " ranks (threads), "
+              << loaded.model->config().num_attention_heads << " attention heads and intermediate size "
+              << loaded.model->config().intermediate_size << " each\n";
+    return loaded;
+  }
   loaded.model = std::make_unique<Model>(std::move(config), std::move(weights), *loaded.ops);
   return loaded;
 }

@@ -56,6 +56,10 @@ Tensor Model::forward(const ForwardBatch& batch, KvCache& cache) {
   Tensor qkv = ops_.empty(act, {tokens, qkv_size});
   Tensor attn = ops_.empty(act, {tokens, q_size});
 
+  // y (a rank's partial sum under tensor parallelism) = the sum over the ranks.
+  const auto all_reduce = [&] {
+    if (communicator_ != nullptr && communicator_->size() > 1) communicator_->all_reduce_sum(y);
+  };
   // x += y, or x += post_norm(y) with sandwich norms.
   const auto residual_add = [&](const Tensor& post_norm) {
     if (sandwich) {
@@ -84,10 +88,12 @@ Tensor Model::forward(const ForwardBatch& batch, KvCache& cache) {
     ops_.rope(qkv, batch.positions, attention, c.rope_theta);
     ops_.attention(qkv, cache.layers[i], cache.dtype, batch, attention, attn);
     ops_.linear(attn, layer.attention.o_proj, y);
+    all_reduce();
     residual_add(layer.post_attn_norm);
 
     ops_.rms_norm(x, layer.pre_moe_norm, eps, h);
     ops_.moe(h, layer.moe, moe, y);
+    all_reduce();
     residual_add(layer.post_moe_norm);
   }
   ops_.rms_norm(x, weights_.norm, eps, h);

@@ -6,6 +6,7 @@
 #include <memory>
 
 #include "format/model_config.h"
+#include "model/communicator.h"
 #include "model/forward_batch.h"
 #include "model/kv_cache.h"
 #include "model/ops.h"
@@ -16,22 +17,29 @@ namespace nibble {
 class Model {
  public:
   Model(ModelConfig config, ModelWeights weights, Ops& ops);
+  virtual ~Model() = default;
 
   const ModelConfig& config() const { return config_; }
   const ModelWeights& weights() const { return weights_; }
   Ops& ops() const { return ops_; }
 
   // A KV cache of `num_blocks` blocks of `block_size` tokens for every layer, on the backend.
-  KvCache allocate_kv_cache(int64_t num_blocks, int64_t block_size, KvCacheDType dtype) const;
+  // (Virtual: a tensor-parallel group's rank 0 also sizes its peers' caches; tensor_parallel.h.)
+  virtual KvCache allocate_kv_cache(int64_t num_blocks, int64_t block_size, KvCacheDType dtype) const;
 
   // Runs the batch through the model, appending its tokens' K/V to `cache`.
   // Returns F32 (R, vocab_size) logits for batch.logit_rows, on the backend's device.
-  Tensor forward(const ForwardBatch& batch, KvCache& cache);
+  virtual Tensor forward(const ForwardBatch& batch, KvCache& cache);
+
+  // One rank of a tensor-parallel group: this model holds the rank's shard (tensor_parallel.h), and
+  // the attention output and the MoE output are summed over the ranks. Not owned; null: one rank.
+  void set_communicator(Communicator* communicator) { communicator_ = communicator; }
 
  private:
   ModelConfig config_;
   ModelWeights weights_;
   Ops& ops_;
+  Communicator* communicator_ = nullptr;
 };
 
 }  // namespace nibble
