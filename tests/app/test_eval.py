@@ -26,11 +26,15 @@ DEMO = pathlib.Path("models/demo-moe")
 
 # The demo-model check: W4A8 with the FP8 KV cache (the scheme nibble is for) against bf16 on the first
 # problems and passages of the held-out sets, small enough for about 30 s on two cores.
-DEMO_PROBLEMS = 64
-DEMO_PASSAGES = 10
-DEMO_MIN_BF16_ACCURACY = 0.95     # 100.0% on the full set (README)
-DEMO_MAX_ACCURACY_GAP = 0.01      # |W4A8 - bf16|, paired (same problems): no answer may change
-DEMO_MAX_PERPLEXITY_RATIO = 1.02  # W4A8 / bf16 (issue 8's bound)
+DEMO_PROBLEMS = 40
+DEMO_PASSAGES = 8
+DEMO_MIN_BF16_ACCURACY = 0.95  # 100.0% on the full set (README)
+# |W4A8 - bf16| accuracy, paired (same problems). The full set measured -0.2 points (2 answers of 1000
+# changed, neither among these 40); issue 8 allows 1 point, so no answer here may change.
+DEMO_MAX_ACCURACY_GAP = 0.01
+# W4A8 / bf16 perplexity: 1.0111 on the full set, 1.0096 on this subset (CPU); issue 8 allows 1.02. Above
+# 1.001 too, so that a W4A8 run that silently stayed in bf16 fails.
+DEMO_PERPLEXITY_RATIO = (1.001, 1.015)
 
 
 def run(*args):
@@ -184,7 +188,8 @@ class DemoModel(unittest.TestCase):
         base, _ = eval_json("--model-path", DEMO, "--task", "perplexity", "--limit", DEMO_PASSAGES)
         got, _ = eval_json("--model-path", DEMO, "--task", "perplexity", "--limit", DEMO_PASSAGES,
                            "--quantization", "quark_int4fp8_moe", "--kv-cache-dtype", "fp8_e4m3")
-        self.assertLessEqual(got["perplexity"] / base["perplexity"], DEMO_MAX_PERPLEXITY_RATIO, (base, got))
+        low, high = DEMO_PERPLEXITY_RATIO
+        self.assertTrue(low <= got["perplexity"] / base["perplexity"] <= high, (base, got))
 
 
 if __name__ == "__main__":
