@@ -73,6 +73,7 @@ inline double rel_l2(const float* ref, const float* got, int64_t n) {
 struct Comparison {
   double worst = 0;     // largest per-position relative L2 error
   double mean = 0;      // mean over positions
+  double whole = 0;     // relative L2 error of the whole (positions, vocab) tensor
   int argmax_diff = 0;  // positions whose argmax differs
 };
 
@@ -88,6 +89,7 @@ inline Comparison compare(const Tensor& ref, const Tensor& got) {
     c.mean += e / static_cast<double>(rows);
     c.argmax_diff += std::max_element(a, a + vocab) - a != std::max_element(b, b + vocab) - b;
   }
+  c.whole = rel_l2(ref.data<float>(), got.data<float>(), rows * vocab);
   return c;
 }
 
