@@ -1,5 +1,6 @@
 // nibble's W4A8 MoE layer as a benchmark variant: random INT4 weights in the loader's format,
-// uploaded and repacked by upload_moe_w4a8, timed through moe_w4a8 on the harness's stream.
+// uploaded and repacked by upload_moe_w4a8, timed through moe_w4a8 on the harness's stream (in a CUDA
+// graph for the decode path, plainly where moe_w4a8 takes its eager prefill path).
 #include "moe_nibble.h"
 
 #include <cmath>
@@ -7,6 +8,8 @@
 #include <random>
 #include <string>
 
+#include "core/error.h"
+#include "cuda/cuda_check.h"
 #include "cuda/device.h"
 #include "cuda/moe.h"
 
@@ -88,7 +91,14 @@ class NibbleMoe final : public MoeVariant {
                                   {in.num_tokens, s_.hidden_size}, Device::kCuda, nullptr);
     Tensor out = out_.slice(0, in.num_tokens);
     const MoeParams params{.top_k = s_.top_k};
-    return [this, x, out, params](cudaStream_t stream) mutable {
+    // The engine runs such calls eagerly, through the prefill path (one host synchronization a call),
+    // so they refuse the harness's graph capture and are timed plainly, as the engine runs them.
+    const bool eager = cuda::moe_prefill_preferred(in.num_tokens, s_.top_k, s_.num_experts);
+    return [this, x, out, params, eager](cudaStream_t stream) mutable {
+      cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+      cuda_check(cudaStreamIsCapturing(stream, &status));
+      check(!eager || status == cudaStreamCaptureStatusNone,
+            "the prefill path (many tokens per expert) runs eagerly, not in a CUDA graph");
       cuda::moe_w4a8(x, weights_, params, workspace_, out, stream);
     };
   }

@@ -7,6 +7,7 @@
 #include "cuda/device.h"
 #include "cuda/moe_combine.h"
 #include "cuda/moe_gemm_w4a8.h"
+#include "cuda/moe_prefill.h"
 #include "cuda/moe_quantize.h"
 #include "cuda/moe_route.h"
 
@@ -28,6 +29,26 @@ int64_t max_split_rows(int64_t n, int64_t k, int64_t experts, int64_t top_k, int
     most = std::max(most, choose_k_splits(n, k, std::min(experts, rows), rows, sms) * rows);
   }
   return most;
+}
+
+bool capturing(cudaStream_t stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  cuda_check(cudaStreamIsCapturing(stream, &status));
+  return status != cudaStreamCaptureStatusNone;
+}
+
+// The prefill path synchronizes with the host, so a CUDA graph (decode) always keeps the decode path.
+bool takes_prefill_path(MoePath path, int64_t tokens, int64_t top_k, int64_t experts, cudaStream_t stream) {
+  switch (path) {
+    case MoePath::kDecode:
+      return false;
+    case MoePath::kPrefill:
+      check(!capturing(stream), "moe_w4a8: the prefill path cannot run inside a CUDA graph capture");
+      return true;
+    case MoePath::kAuto:
+      break;
+  }
+  return moe_prefill_preferred(tokens, top_k, experts) && !capturing(stream);
 }
 
 }  // namespace
@@ -52,8 +73,8 @@ MoeWeightsW4A8 upload_moe_w4a8(const MoeWeights& host) {
           .router = upload(host.router)};
 }
 
-MoeWorkspace::MoeWorkspace(const MoeWeightsW4A8& w, int64_t tokens, int64_t k)
-    : max_tokens(tokens), top_k(k), num_sms(sm_count()) {
+MoeWorkspace::MoeWorkspace(const MoeWeightsW4A8& w, int64_t tokens, int64_t k, PrefillLimits limits)
+    : max_tokens(tokens), top_k(k), num_sms(sm_count()), prefill_limits(limits) {
   const int64_t E = w.num_experts, H = w.hidden_size, I = w.intermediate_size, rows = tokens * k;
   check(tokens >= 1 && k >= 1 && k <= E, "MoeWorkspace: bad sizes");
   router_logits = empty(DType::kF32, {tokens, E});
@@ -71,10 +92,14 @@ MoeWorkspace::MoeWorkspace(const MoeWeightsW4A8& w, int64_t tokens, int64_t k)
   act_scale = empty(DType::kF32, {rows});
   act_sums = empty(DType::kF32, {rows, I / 64});
   down_out = empty(DType::kF32, {max_split_rows(H, I, E, k, tokens, num_sms) * H});
+  if (moe_prefill_preferred(tokens, k, E))
+    prefill = std::make_unique<MoePrefillWorkspace>(E, H, I, tokens, k, prefill_limits);
 }
 
+MoeWorkspace::~MoeWorkspace() = default;
+
 void moe_w4a8(const Tensor& x, const MoeWeightsW4A8& w, const MoeParams& params, MoeWorkspace& ws, Tensor& out,
-              cudaStream_t stream) {
+              cudaStream_t stream, MoePath path) {
   const int64_t T = x.dim(0), H = w.hidden_size, I = w.intermediate_size, E = w.num_experts, K = params.top_k;
   expect(x, DType::kBF16, {-1, H}, "moe_w4a8 input");
   expect(out, DType::kBF16, {T, H}, "moe_w4a8 output");
@@ -93,6 +118,10 @@ void moe_w4a8(const Tensor& x, const MoeWeightsW4A8& w, const MoeParams& params,
                    .sorted_tokens = ws.sorted_tokens.data<int32_t>(), .row_pos = ws.row_pos.data<int32_t>(),
                    .tokens = T, .experts = E, .top_k = K},
                   stream);
+  if (takes_prefill_path(path, T, K, E, stream)) {
+    if (!ws.prefill) ws.prefill = std::make_unique<MoePrefillWorkspace>(E, H, I, ws.max_tokens, K, ws.prefill_limits);
+    return moe_prefill(x, w, params, ws, out, stream);
+  }
   quantize_rows_fp8({.x = x.raw(), .codes = ws.x_fp8.data<uint8_t>(), .scale = ws.x_scale.data<float>(),
                      .sums = ws.x_sums.data<float>(), .rows = T, .cols = H},
                     stream);

@@ -1,16 +1,20 @@
 // The W4A8 MoE layer on the GPU: route (softmax top-k) -> group tokens by expert -> FP8 per-token
 // activations -> grouped INT4×FP8 gate_up GEMM -> SiLU·mul + FP8 quant -> grouped down GEMM ->
 // weighted combine back to token order. One call runs the whole layer on one stream, with no host
-// synchronization and no allocation (a CUDA graph can capture it).
+// synchronization and no allocation (a CUDA graph can capture it). With many tokens per expert and
+// outside a capture, the prefill path (moe_prefill.h) runs instead: dequantized experts and
+// cuBLASLt FP8 GEMMs, with one host synchronization a call.
 #pragma once
 
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <memory>
 
 #include "core/tensor.h"
 #include "model/ops.h"
 #include "cuda/moe_gemm_w4a8.h"
+#include "cuda/moe_prefill.h"
 #include "model/weights.h"
 
 namespace nibble::cuda {
@@ -34,7 +38,10 @@ MoeWeightsW4A8 upload_moe_w4a8(const MoeWeights& host);
 // Scratch memory for up to `max_tokens` tokens; reused by every call. Rows are (token, k) pairs in
 // sorted (grouped by expert) order unless noted.
 struct MoeWorkspace {
-  MoeWorkspace(const MoeWeightsW4A8& w, int64_t max_tokens, int64_t top_k);
+  MoeWorkspace(const MoeWeightsW4A8& w, int64_t max_tokens, int64_t top_k, PrefillLimits limits = {});
+  ~MoeWorkspace();
+  MoeWorkspace(const MoeWorkspace&) = delete;
+  MoeWorkspace& operator=(const MoeWorkspace&) = delete;
 
   int64_t max_tokens = 0;
   int64_t top_k = 0;
@@ -54,10 +61,18 @@ struct MoeWorkspace {
   Tensor act_scale;       // F32 (T·K)
   Tensor act_sums;        // F32 (T·K, I / 64)
   Tensor down_out;        // F32 (splits · T·K · H)
+  // The prefill path's buffers: made with the workspace when max_tokens reaches the prefill threshold
+  // (moe_prefill_preferred), else on the first call that forces the prefill path; null until then.
+  PrefillLimits prefill_limits;
+  std::unique_ptr<MoePrefillWorkspace> prefill;
 };
+
+// Which implementation moe_w4a8 runs. kAuto: the prefill path when moe_prefill_preferred(T, K, E)
+// and the stream is not being captured, else the decode path. Tests force one or the other.
+enum class MoePath : uint8_t { kAuto, kDecode, kPrefill };
 
 // out (T, H) BF16 = MoE(x (T, H) BF16). T <= workspace.max_tokens().
 void moe_w4a8(const Tensor& x, const MoeWeightsW4A8& w, const MoeParams& params, MoeWorkspace& ws,
-              Tensor& out, cudaStream_t stream);
+              Tensor& out, cudaStream_t stream, MoePath path = MoePath::kAuto);
 
 }  // namespace nibble::cuda

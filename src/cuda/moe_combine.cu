@@ -1,4 +1,5 @@
-// Weighted combine: out[t] (BF16) = Σ_k weight[t, k] · Σ_split down[split][row_pos[t, k]].
+// Weighted combine: out[t] (BF16) = Σ_k weight[t, k] · Σ_split down[split][row_pos[t, k]]; and the
+// prefill path's chunked form with the activation and weight scales applied here.
 #include <cuda_bf16.h>
 
 #include "cuda/cuda_check.h"
@@ -28,7 +29,47 @@ __global__ void combine_kernel(const __grid_constant__ CombineArgs p) {
   out[1] = __floats2bfloat162_rn(sum.z, sum.w);
 }
 
+// Grid (T, H / 512) like combine_kernel; only the pairs whose padded row lies in this chunk count.
+__global__ void combine_rows_kernel(const __grid_constant__ CombineRowsArgs p) {
+  const int64_t t = blockIdx.x;
+  const int64_t h4 = static_cast<int64_t>(blockIdx.y) * kThreads + threadIdx.x;  // column / 4
+  if (h4 >= p.hidden / 4) return;
+  float4 sum = {0.0f, 0.0f, 0.0f, 0.0f};
+  bool hit = false;
+  for (int64_t k = 0; k < p.top_k; ++k) {
+    const int64_t row = p.pair_row[t * p.top_k + k];
+    if (row < p.row_begin || row >= p.row_end) continue;
+    hit = true;
+    const int64_t local = row - p.row_begin, e = p.topk_ids[t * p.top_k + k];
+    const float w = p.topk_weights[t * p.top_k + k] * p.row_scale[local];
+    const float4 y = reinterpret_cast<const float4*>(p.down + local * p.hidden)[h4];
+    const float4 c = reinterpret_cast<const float4*>(p.channel_scale + e * p.hidden)[h4];
+    sum = {sum.x + w * (c.x * y.x), sum.y + w * (c.y * y.y), sum.z + w * (c.z * y.z), sum.w + w * (c.w * y.w)};
+  }
+  auto* acc = reinterpret_cast<float4*>(p.acc + t * p.hidden) + h4;
+  if (p.pass == CombinePass::kMiddle || p.pass == CombinePass::kLast) {
+    if (!hit && p.pass == CombinePass::kMiddle) return;
+    const float4 a = *acc;
+    sum = {a.x + sum.x, a.y + sum.y, a.z + sum.z, a.w + sum.w};
+  }
+  if (p.pass == CombinePass::kFirst || p.pass == CombinePass::kMiddle) {
+    *acc = sum;
+    return;
+  }
+  auto* out = reinterpret_cast<__nv_bfloat162*>(static_cast<__nv_bfloat16*>(p.out) + t * p.hidden + 4 * h4);
+  out[0] = __floats2bfloat162_rn(sum.x, sum.y);
+  out[1] = __floats2bfloat162_rn(sum.z, sum.w);
+}
+
 }  // namespace
+
+void moe_combine_rows(const CombineRowsArgs& p, cudaStream_t stream) {
+  if (p.tokens == 0) return;
+  check(p.hidden % 4 == 0, "moe_combine_rows: hidden size ", p.hidden, " is not a multiple of 4");
+  const dim3 grid(static_cast<unsigned>(p.tokens), static_cast<unsigned>((p.hidden / 4 + kThreads - 1) / kThreads));
+  combine_rows_kernel<<<grid, kThreads, 0, stream>>>(p);
+  cuda_check(cudaGetLastError());
+}
 
 void moe_combine(const CombineArgs& p, cudaStream_t stream) {
   if (p.tokens == 0) return;

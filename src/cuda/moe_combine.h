@@ -1,4 +1,5 @@
-// The last step of the MoE layer: expert outputs back to token order, weighted by the router.
+// The last step of the MoE layer: expert outputs back to token order, weighted by the router (the
+// decode path's already scaled split sums, or the prefill path's unscaled chunks).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -20,5 +21,32 @@ struct CombineArgs {
 };
 
 void moe_combine(const CombineArgs& args, cudaStream_t stream);
+
+// The prefill path's combine, one pass per chunk of padded rows [row_begin, row_end): the unscaled
+// down product of those rows is scaled by row_scale[row] · channel_scale[expert][h], weighted by the
+// router and added up per token. Passes over one call's chunks, in order: kOnly when there is one
+// chunk; else kFirst (acc = this chunk's part, every token), kMiddle (acc += it, tokens with a row
+// here), kLast (out = bf16(acc + it), every token). A token's terms are added in a fixed order
+// (chunk, then k), so the result does not depend on scheduling.
+enum class CombinePass : uint8_t { kOnly, kFirst, kMiddle, kLast };
+
+struct CombineRowsArgs {
+  const float* down;           // (row_end - row_begin, H): unscaled product of padded rows row_begin..
+  const float* row_scale;      // (row_end - row_begin)
+  const float* channel_scale;  // (E, H)
+  const int32_t* pair_row;     // (T·K): padded row of pair t·K + k
+  const int32_t* topk_ids;     // (T, K)
+  const float* topk_weights;   // (T, K)
+  float* acc;                  // (T, H) running sums over chunks (unused by kOnly)
+  void* out;                   // BF16 (T, H), written by kOnly and kLast
+  int64_t row_begin;
+  int64_t row_end;
+  int64_t tokens;
+  int64_t top_k;
+  int64_t hidden;
+  CombinePass pass;
+};
+
+void moe_combine_rows(const CombineRowsArgs& args, cudaStream_t stream);
 
 }  // namespace nibble::cuda

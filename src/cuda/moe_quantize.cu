@@ -1,4 +1,5 @@
-// Per-row FP8 quantization kernels: one block per row, the row staged in shared memory.
+// Per-row FP8 quantization kernels: one block per row, the row staged in shared memory. Optionally
+// gathered (quantize) or scaled per row and channel (activation) for the prefill path.
 #include <cuda_bf16.h>
 
 #include "cuda/activation.cuh"
@@ -12,11 +13,20 @@ namespace {
 constexpr int kThreads = 1024;  // one block a row: as many threads as can share the row's loads
 constexpr int64_t kMaxCols = 32768;
 
+// A padding row of the prefill path: zero codes, scale and sums (the whole block takes this branch).
+__device__ void write_zero_row(uint8_t* codes, int64_t cols, float* scale, float* sums) {
+  for (int64_t i = threadIdx.x; i < cols / 16; i += blockDim.x) reinterpret_cast<uint4*>(codes)[i] = {0, 0, 0, 0};
+  for (int64_t i = threadIdx.x; i < cols / kRowBlock; i += blockDim.x) sums[i] = 0.0f;
+  if (threadIdx.x == 0) *scale = 0.0f;
+}
+
 __global__ void __launch_bounds__(kThreads) quantize_rows_kernel(const __grid_constant__ QuantizeRowsArgs p) {
   extern __shared__ float values[];
   __shared__ float reduce[32];
   const int64_t r = blockIdx.x;
-  const auto* x = reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(p.x) + r * p.cols);
+  const int64_t src = p.src_row == nullptr ? r : p.src_row[r];
+  if (src < 0) return write_zero_row(p.codes + r * p.cols, p.cols, p.scale + r, p.sums + r * (p.cols / kRowBlock));
+  const auto* x = reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(p.x) + src * p.cols);
   for (int64_t i = threadIdx.x; i < p.cols / 8; i += blockDim.x) {  // 8 bf16 a load
     const uint4 v = x[i];
     const auto* h = reinterpret_cast<const __nv_bfloat162*>(&v);
@@ -36,6 +46,14 @@ __global__ void __launch_bounds__(kThreads) activation_kernel(const __grid_const
   extern __shared__ float values[];
   __shared__ float reduce[32];
   const int64_t r = blockIdx.x, I = p.intermediate;
+  const float4* channel = nullptr;  // (2I / 4) this row's expert's scales, when the product is unscaled
+  float row_scale = 1.0f;
+  if (p.row_scale != nullptr) {
+    const int64_t e = p.row_expert[r];
+    if (e < 0) return write_zero_row(p.codes + r * I, I, p.scale + r, p.sums + r * (I / kRowBlock));
+    channel = reinterpret_cast<const float4*>(p.channel_scale + e * 2 * I);
+    row_scale = p.row_scale[r];
+  }
   for (int64_t i = threadIdx.x; i < I / 4; i += blockDim.x) {  // 4 columns a thread
     float4 gate = {0.0f, 0.0f, 0.0f, 0.0f}, up = gate;
     for (int64_t s = 0; s < p.splits; ++s) {
@@ -43,6 +61,12 @@ __global__ void __launch_bounds__(kThreads) activation_kernel(const __grid_const
       const float4 g = row[i], u = row[I / 4 + i];
       gate = {gate.x + g.x, gate.y + g.y, gate.z + g.z, gate.w + g.w};
       up = {up.x + u.x, up.y + u.y, up.z + u.z, up.w + u.w};
+    }
+    if (channel != nullptr) {
+      const float4 cg = channel[i], cu = channel[I / 4 + i];
+      gate = {gate.x * row_scale * cg.x, gate.y * row_scale * cg.y, gate.z * row_scale * cg.z,
+              gate.w * row_scale * cg.w};
+      up = {up.x * row_scale * cu.x, up.y * row_scale * cu.y, up.z * row_scale * cu.z, up.w * row_scale * cu.w};
     }
     values[4 * i] = activate(p.activation, gate.x) * up.x;
     values[4 * i + 1] = activate(p.activation, gate.y) * up.y;

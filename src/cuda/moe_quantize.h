@@ -19,6 +19,9 @@ struct QuantizeRowsArgs {
   int64_t rows;
   int64_t cols;
   float static_scale = 0.0f;  // > 0: this per-tensor scale (values beyond ±448·scale saturate)
+  // Optional gather (the prefill path): row r reads x row src_row[r]; -1 writes a row of zero codes
+  // (scale 0, sums 0). nullptr: row r reads x row r.
+  const int32_t* src_row = nullptr;  // (rows)
 };
 
 void quantize_rows_fp8(const QuantizeRowsArgs& args, cudaStream_t stream);
@@ -33,6 +36,12 @@ struct ActivationArgs {
   int64_t rows;
   int64_t intermediate;  // I
   Activation activation;
+  // Optional scaling of an unscaled product (the prefill path's cuBLASLt output): gate_up[r][n] is
+  // multiplied by row_scale[r] · channel_scale[row_expert[r]][n] before the activation; rows with
+  // row_expert -1 (padding) get zero codes. nullptr: gate_up is already scaled.
+  const float* row_scale = nullptr;      // (rows)
+  const float* channel_scale = nullptr;  // (E, 2I)
+  const int32_t* row_expert = nullptr;   // (rows)
 };
 
 void activation_quantize_fp8(const ActivationArgs& args, cudaStream_t stream);

@@ -1,6 +1,7 @@
 // The W4A8 MoE on the GPU against its CPU twins: the grouped GEMM against its definition evaluated in
-// double on identical quantized inputs, and the whole layer against CpuOps::moe. Outputs are poisoned
-// before each run and every element is checked. Shapes include sizes that are not powers of two.
+// double on identical quantized inputs, and the whole layer (decode and prefill paths) against
+// CpuOps::moe. Outputs are poisoned before each run and every element is checked. Shapes include
+// sizes that are not powers of two.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -11,6 +12,7 @@
 #include "core/fp8.h"
 #include "cpu/cpu_ops.h"
 #include "cuda/moe.h"
+#include "cuda/moe_dequant.h"
 #include "cuda/moe_gemm_w4a8.h"
 #include "gpu_test_util.h"
 #include "quant/fp8_quant.h"
@@ -155,20 +157,39 @@ struct LayerCase {
 
 class MoeLayer : public ::testing::TestWithParam<LayerCase> {};
 
-// The GPU MoE layer on random tokens against CpuOps::moe: relative L2 over the whole (T, H) output,
-// poisoned before the run.
-double layer_error(const MoeWeights& host, const MoeParams& params, int64_t T) {
+// Relative L2 distances over the whole (T, H) output: each GPU path against CpuOps::moe, and the
+// prefill path against the decode path.
+struct LayerErrors {
+  double decode, prefill, between;
+};
+
+// The GPU MoE layer on random tokens, through the decode and the prefill path (each forced, output
+// poisoned before its run), against CpuOps::moe. `limits` sizes the prefill scratch (small ones make
+// several expert groups and row chunks).
+LayerErrors layer_error(const MoeWeights& host, const MoeParams& params, int64_t T,
+                        cuda::PrefillLimits limits = {}) {
   const int64_t H = host.experts.hidden_size;
   const Tensor x_bf16 = to_bf16(random_f32({T, H}, 11));
   CpuOps cpu;
   Tensor ref = Tensor::zeros(DType::kF32, {T, H});
   cpu.moe(to_f32(x_bf16), host, params, ref);
   const cuda::MoeWeightsW4A8 w = cuda::upload_moe_w4a8(host);
-  cuda::MoeWorkspace ws(w, T, params.top_k);
-  Tensor out = poisoned(DType::kBF16, {T, H});
-  cuda::moe_w4a8(cuda::upload(x_bf16), w, params, ws, out, nullptr);
-  const Tensor got = to_f32(cuda::download(out));
-  return rel_l2(ref.data<float>(), got.data<float>(), T * H);
+  cuda::MoeWorkspace ws(w, T, params.top_k, limits);
+  const Tensor x = cuda::upload(x_bf16);
+  auto run = [&](cuda::MoePath path) {
+    Tensor out = poisoned(DType::kBF16, {T, H});
+    cuda::moe_w4a8(x, w, params, ws, out, nullptr, path);
+    return to_f32(cuda::download(out));
+  };
+  const Tensor decode = run(cuda::MoePath::kDecode), prefill = run(cuda::MoePath::kPrefill);
+  return {.decode = rel_l2(ref.data<float>(), decode.data<float>(), T * H),
+          .prefill = rel_l2(ref.data<float>(), prefill.data<float>(), T * H),
+          .between = rel_l2(decode.data<float>(), prefill.data<float>(), T * H)};
+}
+
+void print_errors(const LayerErrors& err) {
+  std::cout << "relative L2 decode " << err.decode << ", prefill " << err.prefill << ", prefill vs decode "
+            << err.between << "\n";
 }
 
 TEST_P(MoeLayer, MatchesCpuTwin) {
@@ -181,13 +202,70 @@ TEST_P(MoeLayer, MatchesCpuTwin) {
                               .down = down.packed, .down_scale = down.scale}};
   const MoeParams params{
       .top_k = top_k, .router_norm = router_norm, .activation = activation, .router_softcap = router_softcap};
-  const double err = layer_error(host, params, T);
-  std::cout << "E=" << E << " H=" << H << " I=" << I << " T=" << T << " top-k=" << top_k << ": relative L2 "
-            << err << "\n";
+  const LayerErrors err = layer_error(host, params, T);
+  std::cout << "E=" << E << " H=" << H << " I=" << I << " T=" << T << " top-k=" << top_k << ": ";
+  print_errors(err);
   // The GPU rounds its output to bf16 (relative 2^-9), and its FP8 tensor cores sum each 64-wide K
   // block with reduced precision (the GEMM test measures ~2e-4); re-quantizing the activations to FP8
-  // turns those differences into one-step code flips. Measured 3.5e-3 to 6.7e-3 on an H200.
-  EXPECT_LE(err, 1e-2);
+  // turns those differences into one-step code flips. Measured 3.5e-3 to 6.7e-3 on an H200 (decode).
+  EXPECT_LE(err.decode, 1e-2);
+  EXPECT_LE(err.prefill, 1e-2);
+  EXPECT_LE(err.between, 1e-2);
+}
+
+// Scratch limits small enough that the prefill path takes several expert groups (5 experts of 64 in
+// the weight scratch) and several row chunks per group (160 padded rows), so every combine pass
+// (first, middle, last) runs; INT4 and FP8 experts.
+TEST(MoeLayerPrefill, ChunkedMatchesCpuTwin) {
+  SKIP_WITHOUT_GPU();
+  const int64_t E = 64, H = 512, I = 256, T = 1000, top_k = 8;
+  const cuda::PrefillLimits limits{.weight_scratch_bytes = 5 * 3 * I * H, .buffer_bytes = 160 * 8 * I};
+  const HostInt4 gate_up = random_int4(E, 2 * I, H, 310), down = random_int4(E, H, I, 410);
+  MoeWeights host{.router = to_bf16(random_f32({E, H}, 9, 0.05f)),
+                  .experts = {.format = WeightFormat::kInt4, .num_experts = E, .hidden_size = H,
+                              .intermediate_size = I, .gate_up = gate_up.packed, .gate_up_scale = gate_up.scale,
+                              .down = down.packed, .down_scale = down.scale}};
+  const LayerErrors err = layer_error(host, {.top_k = top_k}, T, limits);
+  std::cout << "chunked prefill E=" << E << " H=" << H << " I=" << I << " T=" << T << ": ";
+  print_errors(err);
+  EXPECT_LE(err.decode, 1e-2);
+  EXPECT_LE(err.prefill, 1e-2);
+  EXPECT_LE(err.between, 1e-2);
+}
+
+// The prefill path's dequantization: repacked INT4 -> FP8 e4m3 bytes of the INT4 values exactly, and
+// repacked FP8 -> the original bytes, for a range of experts not starting at 0.
+TEST(MoeDequant, ExactFromRepackedLayouts) {
+  SKIP_WITHOUT_GPU();
+  const int64_t E = 4, N = 48, K = 192, first = 1, count = 2;
+  const HostInt4 w = random_int4(E, N, K, 21);
+  Tensor d_out = poisoned(DType::kU8, {count, N, K});
+  const Tensor repacked = cuda::repack_int4_for_gemm_gpu(cuda::upload(w.packed));
+  cuda::dequantize_experts_fp8({.format = cuda::ExpertWeightFormat::kInt4, .weights = repacked.raw(),
+                                .out = d_out.data<uint8_t>(), .first = first, .count = count, .n = N, .k = K},
+                               nullptr);
+  const Tensor got = cuda::download(d_out);
+  int64_t mismatches = 0;
+  for (int64_t e = 0; e < count; ++e)
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t k = 0; k < K; ++k) {
+        const int32_t* row = w.packed.data<int32_t>() + ((first + e) * N + n) * (K / 8);
+        const uint8_t want = float_to_fp8_e4m3(static_cast<float>(int4_at(row, k)));
+        mismatches += got.data<uint8_t>()[(e * N + n) * K + k] != want;
+      }
+  EXPECT_EQ(mismatches, 0);
+
+  Tensor codes = Tensor::zeros(DType::kU8, {E, N, K});
+  std::mt19937 rng(3);
+  for (int64_t i = 0; i < codes.numel(); ++i) codes.data<uint8_t>()[i] = static_cast<uint8_t>(rng() & 0x7Eu);
+  Tensor d_fp8 = poisoned(DType::kU8, {count, N, K});
+  const Tensor repacked_fp8 = cuda::repack_fp8_for_gemm_gpu(cuda::upload(codes));
+  cuda::dequantize_experts_fp8({.format = cuda::ExpertWeightFormat::kFp8, .weights = repacked_fp8.raw(),
+                                .out = d_fp8.data<uint8_t>(), .first = first, .count = count, .n = N, .k = K},
+                               nullptr);
+  const Tensor got_fp8 = cuda::download(d_fp8);
+  EXPECT_EQ(std::memcmp(got_fp8.raw(), codes.data<uint8_t>() + first * N * K, static_cast<std::size_t>(count * N * K)),
+            0);
 }
 
 // FP8 experts (the W8A8 comparison point) through the same grouped GEMM: random FP8 codes with
@@ -213,9 +291,12 @@ TEST(MoeLayerFp8, MatchesCpuTwin) {
                     .experts = {.format = WeightFormat::kFp8, .num_experts = E, .hidden_size = H,
                                 .intermediate_size = I, .gate_up = gate_up, .gate_up_scale = filled({E, 2 * I}, gate_up_scale),
                                 .down = down, .down_scale = filled({E, H}, down_scale)}};
-    const double err = layer_error(host, {.top_k = top_k}, T);
-    std::cout << "FP8 experts E=" << E << " H=" << H << " I=" << I << " T=" << T << ": relative L2 " << err << "\n";
-    EXPECT_LE(err, 1e-2);
+    const LayerErrors err = layer_error(host, {.top_k = top_k}, T);
+    std::cout << "FP8 experts E=" << E << " H=" << H << " I=" << I << " T=" << T << ": ";
+    print_errors(err);
+    EXPECT_LE(err.decode, 1e-2);
+    EXPECT_LE(err.prefill, 1e-2);
+    EXPECT_LE(err.between, 1e-2);
   }
 }
 
@@ -227,7 +308,7 @@ INSTANTIATE_TEST_SUITE_P(Shapes, MoeLayer,
                                                      Activation::kGeluTanh, 2.0f},
                                            LayerCase{8, 2048, 1024, 5, 2, RouterNorm::kNone,
                                                      Activation::kGelu, 0.0f},
-                                           LayerCase{8, 1024, 512, 8192, 2}));
+                                           LayerCase{8, 1024, 512, 8192, 2}, LayerCase{8, 2880, 1408, 256, 2}));
 
 }  // namespace
 }  // namespace nibble

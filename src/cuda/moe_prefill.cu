@@ -1,0 +1,212 @@
+// The MoE prefill path (moe_prefill.h): padded-row layout, expert groups that fit the weight
+// scratch, chunks of padded rows that fit the buffers, and per chunk: gather-quantize -> one cuBLASLt
+// gate_up GEMM per expert -> scaled SiLU·mul + FP8 quant -> one down GEMM per expert -> scaled
+// combine. Each active expert is dequantized once a call.
+#include "cuda/moe_prefill.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "cuda/cuda_check.h"
+#include "cuda/device.h"
+#include "cuda/moe.h"
+#include "cuda/moe_combine.h"
+#include "cuda/moe_dequant.h"
+#include "cuda/moe_quantize.h"
+
+namespace nibble::cuda {
+namespace {
+
+constexpr std::size_t kLtScratchBytes = std::size_t{32} << 20;
+
+int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
+
+// The most padded rows a call with `rows` routed pairs can have: each active expert pads < 16 rows.
+int64_t max_padded_rows(int64_t rows, int64_t experts) {
+  return rows + (kPrefillRowQuantum - 1) * std::min(experts, rows);
+}
+
+struct PaddedRowsArgs {
+  const int32_t* topk_ids;        // (T·K)
+  const int32_t* row_pos;         // (T·K) sorted row of each pair
+  const int32_t* expert_offsets;  // (E + 1) sorted rows
+  const int32_t* padded_offsets;  // (E + 1) padded rows
+  int32_t* pair_row;              // (T·K) padded row of each pair
+  int32_t* row_token;             // (padded rows), -1 where not written
+  int32_t* row_expert;            // (padded rows), -1 where not written
+  int64_t pairs;
+  int64_t top_k;
+};
+
+// One thread per (token, k) pair: its padded row = its rank among its expert's rows + the expert's
+// padded offset.
+__global__ void padded_rows_kernel(const __grid_constant__ PaddedRowsArgs a) {
+  const int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  if (i >= a.pairs) return;
+  const int32_t e = a.topk_ids[i];
+  const int32_t p = a.row_pos[i] - a.expert_offsets[e] + a.padded_offsets[e];
+  a.pair_row[i] = p;
+  a.row_token[p] = static_cast<int32_t>(i / a.top_k);
+  a.row_expert[p] = e;
+}
+
+// A chunk of padded rows [begin, end) inside the padded rows of expert group `group`.
+struct Chunk {
+  int64_t group, begin, end;
+};
+
+}  // namespace
+
+bool moe_prefill_preferred(int64_t tokens, int64_t top_k, int64_t experts) {
+  return tokens * top_k >= kPrefillMinRowsPerExpert * experts;
+}
+
+MoePrefillWorkspace::MoePrefillWorkspace(int64_t E, int64_t H, int64_t I, int64_t max_tokens, int64_t K,
+                                         const PrefillLimits& limits) {
+  const int64_t rows = max_tokens * K, padded = max_padded_rows(rows, E);
+  slots = std::clamp<int64_t>(limits.weight_scratch_bytes / (3 * I * H), 1, E);
+  const int64_t widest_row = std::max(8 * I, 4 * H);  // bytes a row of the F32 gate_up / down chunk
+  chunk_rows = std::max(kPrefillRowQuantum, limits.buffer_bytes / widest_row / kPrefillRowQuantum * kPrefillRowQuantum);
+  chunk_rows = std::min(chunk_rows, round_up(padded, kPrefillRowQuantum));
+  gate_up_weights = empty(DType::kF8E4M3, {slots, 2 * I, H});
+  down_weights = empty(DType::kF8E4M3, {slots, H, I});
+  padded_offsets = empty(DType::kI32, {E + 1});
+  row_token = empty(DType::kI32, {padded});
+  row_expert = empty(DType::kI32, {padded});
+  pair_row = empty(DType::kI32, {rows});
+  x_fp8 = empty(DType::kF8E4M3, {chunk_rows, H});
+  x_scale = empty(DType::kF32, {chunk_rows});
+  sums = empty(DType::kF32, {chunk_rows * std::max(H, I) / 64});
+  gate_up = empty(DType::kF32, {chunk_rows, 2 * I});
+  act_fp8 = empty(DType::kF8E4M3, {chunk_rows, I});
+  act_scale = empty(DType::kF32, {chunk_rows});
+  down = empty(DType::kF32, {chunk_rows, H});
+  acc = empty(DType::kF32, {max_tokens, H});
+  lt_scratch = empty(DType::kU8, {static_cast<int64_t>(kLtScratchBytes)});
+  cublas_check(cublasLtCreate(&lt));
+  cuda_check(cudaMallocHost(&host_offsets, 2 * (E + 1) * sizeof(int32_t)));
+}
+
+MoePrefillWorkspace::~MoePrefillWorkspace() {
+  plans.clear();
+  if (lt != nullptr) cublasLtDestroy(lt);
+  if (host_offsets != nullptr) cudaFreeHost(host_offsets);
+}
+
+LtFp8Gemm& MoePrefillWorkspace::plan(int64_t out_features, int64_t rows, int64_t in_features) {
+  auto& p = plans[{out_features, rows, in_features}];
+  if (!p) p = std::make_unique<LtFp8Gemm>(lt, out_features, rows, in_features, kLtScratchBytes, DType::kF32);
+  return *p;
+}
+
+void moe_prefill(const Tensor& x, const MoeWeightsW4A8& w, const MoeParams& params, MoeWorkspace& ws, Tensor& out,
+                 cudaStream_t stream) {
+  MoePrefillWorkspace& pf = *ws.prefill;
+  const int64_t T = x.dim(0), H = w.hidden_size, I = w.intermediate_size, E = w.num_experts, K = params.top_k;
+  check(T * K <= pf.pair_row.numel() && pf.padded_offsets.numel() == E + 1 && pf.x_fp8.dim(1) == H &&
+            pf.act_fp8.dim(1) == I,
+        "moe_prefill: the workspace was made for other sizes");
+
+  // The row count of every expert, on the host: the one synchronization of this eager path (GEMM
+  // shapes are host arguments of cuBLASLt).
+  int32_t* offsets = pf.host_offsets;
+  int32_t* padded = pf.host_offsets + E + 1;
+  cuda_check(cudaMemcpyAsync(offsets, ws.expert_offsets.raw(), (E + 1) * sizeof(int32_t), cudaMemcpyDeviceToHost,
+                             stream));
+  cuda_check(cudaStreamSynchronize(stream));
+  std::vector<int64_t> active;
+  padded[0] = 0;
+  for (int64_t e = 0; e < E; ++e) {
+    const int32_t count = offsets[e + 1] - offsets[e];
+    padded[e + 1] = padded[e] + static_cast<int32_t>(round_up(count, kPrefillRowQuantum));
+    if (count > 0) active.push_back(e);
+  }
+  const int64_t total_padded = padded[E];
+  check(total_padded <= pf.row_token.numel(), "moe_prefill: ", total_padded, " padded rows exceed the workspace");
+  cuda_check(cudaMemcpyAsync(pf.padded_offsets.raw(), padded, (E + 1) * sizeof(int32_t), cudaMemcpyHostToDevice,
+                             stream));
+  cuda_check(cudaMemsetAsync(pf.row_token.raw(), 0xFF, total_padded * sizeof(int32_t), stream));
+  cuda_check(cudaMemsetAsync(pf.row_expert.raw(), 0xFF, total_padded * sizeof(int32_t), stream));
+  const PaddedRowsArgs rows_args{.topk_ids = ws.topk_ids.data<int32_t>(), .row_pos = ws.row_pos.data<int32_t>(),
+                                 .expert_offsets = ws.expert_offsets.data<int32_t>(),
+                                 .padded_offsets = pf.padded_offsets.data<int32_t>(),
+                                 .pair_row = pf.pair_row.data<int32_t>(), .row_token = pf.row_token.data<int32_t>(),
+                                 .row_expert = pf.row_expert.data<int32_t>(), .pairs = T * K, .top_k = K};
+  padded_rows_kernel<<<static_cast<unsigned>((T * K + 255) / 256), 256, 0, stream>>>(rows_args);
+  cuda_check(cudaGetLastError());
+
+  // Expert groups (consecutive active experts, as many as the weight scratch holds) and their chunks.
+  std::vector<Chunk> chunks;
+  const auto groups = static_cast<int64_t>((active.size() + pf.slots - 1) / pf.slots);
+  for (int64_t g = 0; g < groups; ++g) {
+    const int64_t first = active[g * pf.slots];
+    const int64_t last = active[std::min<int64_t>((g + 1) * pf.slots, static_cast<int64_t>(active.size())) - 1];
+    for (int64_t begin = padded[first]; begin < padded[last + 1]; begin += pf.chunk_rows)
+      chunks.push_back({.group = g, .begin = begin, .end = std::min<int64_t>(begin + pf.chunk_rows, padded[last + 1])});
+  }
+
+  auto* gate_up_weights = pf.gate_up_weights.data<uint8_t>();
+  auto* down_weights = pf.down_weights.data<uint8_t>();
+  int64_t loaded_group = -1;
+  for (std::size_t c = 0; c < chunks.size(); ++c) {
+    const Chunk& chunk = chunks[c];
+    const auto group_begin = active.begin() + chunk.group * pf.slots;
+    const auto group_end = active.begin() + std::min<int64_t>((chunk.group + 1) * pf.slots,
+                                                              static_cast<int64_t>(active.size()));
+    if (chunk.group != loaded_group) {  // experts of the group -> slots 0.., one launch per run of ids
+      for (auto run = group_begin; run != group_end;) {
+        auto run_end = run + 1;
+        while (run_end != group_end && *run_end == *(run_end - 1) + 1) ++run_end;
+        const int64_t slot = run - group_begin, count = run_end - run;
+        dequantize_experts_fp8({.format = w.format, .weights = w.gate_up.raw(),
+                                .out = gate_up_weights + slot * 2 * I * H, .first = *run, .count = count,
+                                .n = 2 * I, .k = H},
+                               stream);
+        dequantize_experts_fp8({.format = w.format, .weights = w.down.raw(), .out = down_weights + slot * H * I,
+                                .first = *run, .count = count, .n = H, .k = I},
+                               stream);
+        run = run_end;
+      }
+      loaded_group = chunk.group;
+    }
+    const int64_t rows = chunk.end - chunk.begin;
+    quantize_rows_fp8({.x = x.raw(), .codes = pf.x_fp8.data<uint8_t>(), .scale = pf.x_scale.data<float>(),
+                       .sums = pf.sums.data<float>(), .rows = rows, .cols = H,
+                       .src_row = pf.row_token.data<int32_t>() + chunk.begin},
+                      stream);
+    // Each expert's padded rows inside the chunk: [a, b), a multiple of 16 rows from the chunk start.
+    auto for_each_expert = [&](auto gemm) {
+      for (auto it = group_begin; it != group_end; ++it) {
+        const int64_t e = *it, a = std::max<int64_t>(padded[e], chunk.begin), b = std::min<int64_t>(padded[e + 1], chunk.end);
+        if (a < b) gemm(it - group_begin, a - chunk.begin, b - a);
+      }
+    };
+    for_each_expert([&](int64_t slot, int64_t row, int64_t n) {
+      pf.plan(2 * I, n, H).run(gate_up_weights + slot * 2 * I * H, pf.x_fp8.data<uint8_t>() + row * H,
+                               pf.gate_up.data<float>() + row * 2 * I, 1.0f, pf.lt_scratch.raw(), stream);
+    });
+    activation_quantize_fp8({.gate_up = pf.gate_up.data<float>(), .splits = 1, .max_rows = rows,
+                             .codes = pf.act_fp8.data<uint8_t>(), .scale = pf.act_scale.data<float>(),
+                             .sums = pf.sums.data<float>(), .rows = rows, .intermediate = I,
+                             .activation = params.activation, .row_scale = pf.x_scale.data<float>(),
+                             .channel_scale = w.gate_up_scale.data<float>(),
+                             .row_expert = pf.row_expert.data<int32_t>() + chunk.begin},
+                            stream);
+    for_each_expert([&](int64_t slot, int64_t row, int64_t n) {
+      pf.plan(H, n, I).run(down_weights + slot * H * I, pf.act_fp8.data<uint8_t>() + row * I,
+                           pf.down.data<float>() + row * H, 1.0f, pf.lt_scratch.raw(), stream);
+    });
+    const CombinePass pass = chunks.size() == 1 ? CombinePass::kOnly
+                             : c == 0           ? CombinePass::kFirst
+                             : c + 1 == chunks.size() ? CombinePass::kLast
+                                                      : CombinePass::kMiddle;
+    moe_combine_rows({.down = pf.down.data<float>(), .row_scale = pf.act_scale.data<float>(),
+                      .channel_scale = w.down_scale.data<float>(), .pair_row = pf.pair_row.data<int32_t>(),
+                      .topk_ids = ws.topk_ids.data<int32_t>(), .topk_weights = ws.topk_weights.data<float>(),
+                      .acc = pf.acc.data<float>(), .out = out.raw(), .row_begin = chunk.begin, .row_end = chunk.end,
+                      .tokens = T, .top_k = K, .hidden = H, .pass = pass},
+                     stream);
+  }
+}
+
+}  // namespace nibble::cuda

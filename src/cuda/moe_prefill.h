@@ -1,0 +1,78 @@
+// The MoE layer's prefill path (many tokens per expert): the active experts' weights dequantized
+// from the kernel layout to plain FP8 in a bounded scratch (moe_dequant.h), the routed activations
+// quantized to FP8 in expert-grouped order, one cuBLASLt FP8 GEMM per expert and matrix with an
+// unscaled F32 product, the scales applied by the consumers (activation_quantize_fp8 and
+// moe_combine_rows). Eager only: one host synchronization a call reads the rows of each expert.
+#pragma once
+
+#include <cublasLt.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <tuple>
+
+#include "core/tensor.h"
+#include "cuda/lt_fp8_gemm.h"
+#include "model/ops.h"
+
+namespace nibble::cuda {
+
+struct MoeWeightsW4A8;
+struct MoeWorkspace;
+
+// The prefill path pays when an expert's rows fill cuBLASLt tiles: T·K / E at or above this. A guess
+// to be tuned on the GPU against the decode kernel.
+inline constexpr int64_t kPrefillMinRowsPerExpert = 128;
+// Each expert's rows start at a multiple of this in the padded row space, so that every GEMM's
+// operands are 256-byte aligned and row counts (GEMM plans) come in steps of 16.
+inline constexpr int64_t kPrefillRowQuantum = 16;
+
+bool moe_prefill_preferred(int64_t tokens, int64_t top_k, int64_t experts);
+
+struct PrefillLimits {
+  int64_t weight_scratch_bytes = int64_t{1} << 30;  // dequantized experts: slots × 3·I·H bytes
+  int64_t buffer_bytes = int64_t{2} << 30;          // the largest chunk buffer (F32 gate_up or down)
+};
+
+// Rows are "padded rows": expert e's routed pairs at padded_offsets[e] .. + count, then padding up to
+// the next multiple of kPrefillRowQuantum. Chunk buffers hold chunk_rows consecutive padded rows.
+struct MoePrefillWorkspace {
+  MoePrefillWorkspace(int64_t experts, int64_t hidden, int64_t inter, int64_t max_tokens, int64_t top_k,
+                      const PrefillLimits& limits);
+  ~MoePrefillWorkspace();
+  MoePrefillWorkspace(const MoePrefillWorkspace&) = delete;
+  MoePrefillWorkspace& operator=(const MoePrefillWorkspace&) = delete;
+
+  // The cached plan for D (rows, out_features) F32 = B (rows, in_features) · A (out_features, in_features)ᵀ.
+  LtFp8Gemm& plan(int64_t out_features, int64_t rows, int64_t in_features);
+
+  int64_t slots = 0;       // experts the weight scratch holds
+  int64_t chunk_rows = 0;  // padded rows a chunk buffer holds, a multiple of kPrefillRowQuantum
+  Tensor gate_up_weights;  // F8_E4M3 (slots, 2I, H) row-major
+  Tensor down_weights;     // F8_E4M3 (slots, H, I) row-major
+  Tensor padded_offsets;   // I32 (E + 1)
+  Tensor row_token;        // I32 (max padded rows): token of each padded row, -1 for padding
+  Tensor row_expert;       // I32 (max padded rows): expert of each padded row, -1 for padding
+  Tensor pair_row;         // I32 (T·K): padded row of pair t·K + k
+  Tensor x_fp8;            // F8_E4M3 (chunk_rows, H)
+  Tensor x_scale;          // F32 (chunk_rows)
+  Tensor sums;             // F32 (chunk_rows · max(H, I) / 64): written by the quantizers, not read
+  Tensor gate_up;          // F32 (chunk_rows, 2I) unscaled
+  Tensor act_fp8;          // F8_E4M3 (chunk_rows, I)
+  Tensor act_scale;        // F32 (chunk_rows)
+  Tensor down;             // F32 (chunk_rows, H) unscaled
+  Tensor acc;              // F32 (T, H): per-token sums when a call takes several chunks
+  Tensor lt_scratch;       // U8: cuBLASLt's workspace
+  cublasLtHandle_t lt = nullptr;
+  int32_t* host_offsets = nullptr;  // pinned (2·(E + 1)): expert offsets, then padded offsets
+  std::map<std::tuple<int64_t, int64_t, int64_t>, std::unique_ptr<LtFp8Gemm>> plans;
+};
+
+// The prefill path of moe_w4a8 (moe.h), after routing: ws.topk_ids, topk_weights, expert_offsets and
+// row_pos hold this call's routing; ws.prefill is made. Not inside a graph capture.
+void moe_prefill(const Tensor& x, const MoeWeightsW4A8& w, const MoeParams& params, MoeWorkspace& ws, Tensor& out,
+                 cudaStream_t stream);
+
+}  // namespace nibble::cuda
