@@ -73,8 +73,8 @@ MoeWeightsW4A8 upload_moe_w4a8(const MoeWeights& host) {
           .router = upload(host.router)};
 }
 
-MoeWorkspace::MoeWorkspace(const MoeWeightsW4A8& w, int64_t tokens, int64_t k, PrefillLimits limits)
-    : max_tokens(tokens), top_k(k), num_sms(sm_count()), prefill_limits(limits) {
+MoeWorkspace::MoeWorkspace(const MoeWeightsW4A8& w, int64_t tokens, int64_t k, PrefillOptions options)
+    : max_tokens(tokens), top_k(k), num_sms(sm_count()), prefill_options(options) {
   const int64_t E = w.num_experts, H = w.hidden_size, I = w.intermediate_size, rows = tokens * k;
   check(tokens >= 1 && k >= 1 && k <= E, "MoeWorkspace: bad sizes");
   router_logits = empty(DType::kF32, {tokens, E});
@@ -92,8 +92,10 @@ MoeWorkspace::MoeWorkspace(const MoeWeightsW4A8& w, int64_t tokens, int64_t k, P
   act_scale = empty(DType::kF32, {rows});
   act_sums = empty(DType::kF32, {rows, I / 64});
   down_out = empty(DType::kF32, {max_split_rows(H, I, E, k, tokens, num_sms) * H});
-  if (moe_prefill_preferred(tokens, k, E))
-    prefill = std::make_unique<MoePrefillWorkspace>(E, H, I, tokens, k, prefill_limits);
+  // Not while a decode graph is being captured (the prefill workspace makes streams, pinned memory and a
+  // cuBLASLt handle); the first prefill call makes it then.
+  if (moe_prefill_preferred(tokens, k, E) && !capturing(compute_stream()))
+    prefill = std::make_unique<MoePrefillWorkspace>(E, H, I, tokens, k, prefill_options);
 }
 
 MoeWorkspace::~MoeWorkspace() = default;
@@ -119,7 +121,7 @@ void moe_w4a8(const Tensor& x, const MoeWeightsW4A8& w, const MoeParams& params,
                    .tokens = T, .experts = E, .top_k = K},
                   stream);
   if (takes_prefill_path(path, T, K, E, stream)) {
-    if (!ws.prefill) ws.prefill = std::make_unique<MoePrefillWorkspace>(E, H, I, ws.max_tokens, K, ws.prefill_limits);
+    if (!ws.prefill) ws.prefill = std::make_unique<MoePrefillWorkspace>(E, H, I, ws.max_tokens, K, ws.prefill_options);
     return moe_prefill(x, w, params, ws, out, stream);
   }
   quantize_rows_fp8({.x = x.raw(), .codes = ws.x_fp8.data<uint8_t>(), .scale = ws.x_scale.data<float>(),

@@ -38,7 +38,7 @@ MoeWeightsW4A8 upload_moe_w4a8(const MoeWeights& host);
 // Scratch memory for up to `max_tokens` tokens; reused by every call. Rows are (token, k) pairs in
 // sorted (grouped by expert) order unless noted.
 struct MoeWorkspace {
-  MoeWorkspace(const MoeWeightsW4A8& w, int64_t max_tokens, int64_t top_k, PrefillLimits limits = {});
+  MoeWorkspace(const MoeWeightsW4A8& w, int64_t max_tokens, int64_t top_k, PrefillOptions options = {});
   ~MoeWorkspace();
   MoeWorkspace(const MoeWorkspace&) = delete;
   MoeWorkspace& operator=(const MoeWorkspace&) = delete;
@@ -63,7 +63,7 @@ struct MoeWorkspace {
   Tensor down_out;        // F32 (splits · T·K · H)
   // The prefill path's buffers: made with the workspace when max_tokens reaches the prefill threshold
   // (moe_prefill_preferred), else on the first call that forces the prefill path; null until then.
-  PrefillLimits prefill_limits;
+  PrefillOptions prefill_options;
   std::unique_ptr<MoePrefillWorkspace> prefill;
 };
 

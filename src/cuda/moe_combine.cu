@@ -29,6 +29,15 @@ __global__ void combine_kernel(const __grid_constant__ CombineArgs p) {
   out[1] = __floats2bfloat162_rn(sum.z, sum.w);
 }
 
+// Elements i .. i + 3 of the chunk's product (F32 or BF16).
+__device__ inline float4 load4(const CombineRowsArgs& p, int64_t i) {
+  if (p.down != nullptr) return *reinterpret_cast<const float4*>(p.down + i);
+  const uint2 v = *reinterpret_cast<const uint2*>(static_cast<const __nv_bfloat16*>(p.down_bf16) + i);
+  const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v.x));
+  const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v.y));
+  return {lo.x, lo.y, hi.x, hi.y};
+}
+
 // Grid (T, H / 512) like combine_kernel; only the pairs whose padded row lies in this chunk count.
 __global__ void combine_rows_kernel(const __grid_constant__ CombineRowsArgs p) {
   const int64_t t = blockIdx.x;
@@ -42,7 +51,7 @@ __global__ void combine_rows_kernel(const __grid_constant__ CombineRowsArgs p) {
     hit = true;
     const int64_t local = row - p.row_begin, e = p.topk_ids[t * p.top_k + k];
     const float w = p.topk_weights[t * p.top_k + k] * p.row_scale[local];
-    const float4 y = reinterpret_cast<const float4*>(p.down + local * p.hidden)[h4];
+    const float4 y = load4(p, local * p.hidden + 4 * h4);
     const float4 c = reinterpret_cast<const float4*>(p.channel_scale + e * p.hidden)[h4];
     sum = {sum.x + w * (c.x * y.x), sum.y + w * (c.y * y.y), sum.z + w * (c.z * y.z), sum.w + w * (c.w * y.w)};
   }

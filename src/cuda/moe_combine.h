@@ -32,6 +32,7 @@ enum class CombinePass : uint8_t { kOnly, kFirst, kMiddle, kLast };
 
 struct CombineRowsArgs {
   const float* down;           // (row_end - row_begin, H): unscaled product of padded rows row_begin..
+  const void* down_bf16;       // the same in BF16, read when `down` is null
   const float* row_scale;      // (row_end - row_begin)
   const float* channel_scale;  // (E, H)
   const int32_t* pair_row;     // (T·K): padded row of pair t·K + k

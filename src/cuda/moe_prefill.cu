@@ -1,7 +1,8 @@
 // The MoE prefill path (moe_prefill.h): padded-row layout, expert groups that fit the weight
 // scratch, chunks of padded rows that fit the buffers, and per chunk: gather-quantize -> one cuBLASLt
-// gate_up GEMM per expert -> scaled SiLU·mul + FP8 quant -> one down GEMM per expert -> scaled
-// combine. Each active expert is dequantized once a call.
+// gate_up GEMM per expert (F32) -> scaled SiLU·mul + FP8 quant -> one down GEMM per expert (BF16 or
+// F32) -> scaled combine. Each active expert is dequantized once a call; the per-expert GEMMs of a
+// chunk run on kPrefillStreams side streams.
 #include "cuda/moe_prefill.h"
 
 #include <algorithm>
@@ -62,11 +63,11 @@ bool moe_prefill_preferred(int64_t tokens, int64_t top_k, int64_t experts) {
 }
 
 MoePrefillWorkspace::MoePrefillWorkspace(int64_t E, int64_t H, int64_t I, int64_t max_tokens, int64_t K,
-                                         const PrefillLimits& limits) {
+                                         const PrefillOptions& options) {
   const int64_t rows = max_tokens * K, padded = max_padded_rows(rows, E);
-  slots = std::clamp<int64_t>(limits.weight_scratch_bytes / (3 * I * H), 1, E);
+  slots = std::clamp<int64_t>(options.weight_scratch_bytes / (3 * I * H), 1, E);
   const int64_t widest_row = std::max(8 * I, 4 * H);  // bytes a row of the F32 gate_up / down chunk
-  chunk_rows = std::max(kPrefillRowQuantum, limits.buffer_bytes / widest_row / kPrefillRowQuantum * kPrefillRowQuantum);
+  chunk_rows = std::max(kPrefillRowQuantum, options.buffer_bytes / widest_row / kPrefillRowQuantum * kPrefillRowQuantum);
   chunk_rows = std::min(chunk_rows, round_up(padded, kPrefillRowQuantum));
   gate_up_weights = empty(DType::kF8E4M3, {slots, 2 * I, H});
   down_weights = empty(DType::kF8E4M3, {slots, H, I});
@@ -80,22 +81,32 @@ MoePrefillWorkspace::MoePrefillWorkspace(int64_t E, int64_t H, int64_t I, int64_
   gate_up = empty(DType::kF32, {chunk_rows, 2 * I});
   act_fp8 = empty(DType::kF8E4M3, {chunk_rows, I});
   act_scale = empty(DType::kF32, {chunk_rows});
-  down = empty(DType::kF32, {chunk_rows, H});
+  check(options.down_product == DType::kF32 || options.down_product == DType::kBF16,
+        "MoE prefill: the down product must be F32 or BF16");
+  down = empty(options.down_product, {chunk_rows, H});
   acc = empty(DType::kF32, {max_tokens, H});
-  lt_scratch = empty(DType::kU8, {static_cast<int64_t>(kLtScratchBytes)});
+  lt_scratch = empty(DType::kU8, {kPrefillStreams * static_cast<int64_t>(kLtScratchBytes)});
   cublas_check(cublasLtCreate(&lt));
+  for (cudaStream_t& s : streams) cuda_check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  for (cudaEvent_t& e : events) cuda_check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
   cuda_check(cudaMallocHost(&host_offsets, 2 * (E + 1) * sizeof(int32_t)));
+  // The buffers come from compute_stream's pool; the side streams may touch them first.
+  cuda_check(cudaStreamSynchronize(compute_stream()));
 }
 
 MoePrefillWorkspace::~MoePrefillWorkspace() {
   plans.clear();
+  for (cudaEvent_t e : events)
+    if (e != nullptr) cudaEventDestroy(e);
+  for (cudaStream_t s : streams)
+    if (s != nullptr) cudaStreamDestroy(s);
   if (lt != nullptr) cublasLtDestroy(lt);
   if (host_offsets != nullptr) cudaFreeHost(host_offsets);
 }
 
-LtFp8Gemm& MoePrefillWorkspace::plan(int64_t out_features, int64_t rows, int64_t in_features) {
-  auto& p = plans[{out_features, rows, in_features}];
-  if (!p) p = std::make_unique<LtFp8Gemm>(lt, out_features, rows, in_features, kLtScratchBytes, DType::kF32);
+LtFp8Gemm& MoePrefillWorkspace::plan(int64_t out_features, int64_t rows, int64_t in_features, DType product) {
+  auto& p = plans[{out_features, rows, in_features, product}];
+  if (!p) p = std::make_unique<LtFp8Gemm>(lt, out_features, rows, in_features, kLtScratchBytes, product);
   return *p;
 }
 
@@ -175,15 +186,27 @@ void moe_prefill(const Tensor& x, const MoeWeightsW4A8& w, const MoeParams& para
                        .src_row = pf.row_token.data<int32_t>() + chunk.begin},
                       stream);
     // Each expert's padded rows inside the chunk: [a, b), a multiple of 16 rows from the chunk start.
+    // Its GEMM runs on side stream i % kPrefillStreams (outputs are disjoint), forked from and joined
+    // back into `stream`.
     auto for_each_expert = [&](auto gemm) {
+      cuda_check(cudaEventRecord(pf.events[0], stream));
+      for (cudaStream_t s : pf.streams) cuda_check(cudaStreamWaitEvent(s, pf.events[0], 0));
+      int i = 0;
       for (auto it = group_begin; it != group_end; ++it) {
         const int64_t e = *it, a = std::max<int64_t>(padded[e], chunk.begin), b = std::min<int64_t>(padded[e + 1], chunk.end);
-        if (a < b) gemm(it - group_begin, a - chunk.begin, b - a);
+        if (a >= b) continue;
+        const int s = i++ % kPrefillStreams;
+        gemm(it - group_begin, a - chunk.begin, b - a, pf.lt_scratch.data<uint8_t>() + s * kLtScratchBytes,
+             pf.streams[s]);
+      }
+      for (int s = 0; s < kPrefillStreams; ++s) {
+        cuda_check(cudaEventRecord(pf.events[1 + s], pf.streams[s]));
+        cuda_check(cudaStreamWaitEvent(stream, pf.events[1 + s], 0));
       }
     };
-    for_each_expert([&](int64_t slot, int64_t row, int64_t n) {
-      pf.plan(2 * I, n, H).run(gate_up_weights + slot * 2 * I * H, pf.x_fp8.data<uint8_t>() + row * H,
-                               pf.gate_up.data<float>() + row * 2 * I, 1.0f, pf.lt_scratch.raw(), stream);
+    for_each_expert([&](int64_t slot, int64_t row, int64_t n, void* scratch, cudaStream_t s) {
+      pf.plan(2 * I, n, H, DType::kF32).run(gate_up_weights + slot * 2 * I * H, pf.x_fp8.data<uint8_t>() + row * H,
+                               pf.gate_up.data<float>() + row * 2 * I, 1.0f, scratch, s);
     });
     activation_quantize_fp8({.gate_up = pf.gate_up.data<float>(), .splits = 1, .max_rows = rows,
                              .codes = pf.act_fp8.data<uint8_t>(), .scale = pf.act_scale.data<float>(),
@@ -192,15 +215,19 @@ void moe_prefill(const Tensor& x, const MoeWeightsW4A8& w, const MoeParams& para
                              .channel_scale = w.gate_up_scale.data<float>(),
                              .row_expert = pf.row_expert.data<int32_t>() + chunk.begin},
                             stream);
-    for_each_expert([&](int64_t slot, int64_t row, int64_t n) {
-      pf.plan(H, n, I).run(down_weights + slot * H * I, pf.act_fp8.data<uint8_t>() + row * I,
-                           pf.down.data<float>() + row * H, 1.0f, pf.lt_scratch.raw(), stream);
+    for_each_expert([&](int64_t slot, int64_t row, int64_t n, void* scratch, cudaStream_t s) {
+      pf.plan(H, n, I, pf.down.dtype())
+          .run(down_weights + slot * H * I, pf.act_fp8.data<uint8_t>() + row * I,
+               static_cast<char*>(pf.down.raw()) + row * H * static_cast<int64_t>(dtype_size(pf.down.dtype())), 1.0f,
+               scratch, s);
     });
     const CombinePass pass = chunks.size() == 1 ? CombinePass::kOnly
                              : c == 0           ? CombinePass::kFirst
                              : c + 1 == chunks.size() ? CombinePass::kLast
                                                       : CombinePass::kMiddle;
-    moe_combine_rows({.down = pf.down.data<float>(), .row_scale = pf.act_scale.data<float>(),
+    const bool f32_down = pf.down.dtype() == DType::kF32;
+    moe_combine_rows({.down = f32_down ? pf.down.data<float>() : nullptr,
+                      .down_bf16 = f32_down ? nullptr : pf.down.raw(), .row_scale = pf.act_scale.data<float>(),
                       .channel_scale = w.down_scale.data<float>(), .pair_row = pf.pair_row.data<int32_t>(),
                       .topk_ids = ws.topk_ids.data<int32_t>(), .topk_weights = ws.topk_weights.data<float>(),
                       .acc = pf.acc.data<float>(), .out = out.raw(), .row_begin = chunk.begin, .row_end = chunk.end,

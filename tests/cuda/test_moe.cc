@@ -164,17 +164,17 @@ struct LayerErrors {
 };
 
 // The GPU MoE layer on random tokens, through the decode and the prefill path (each forced, output
-// poisoned before its run), against CpuOps::moe. `limits` sizes the prefill scratch (small ones make
+// poisoned before its run), against CpuOps::moe. `options` size the prefill scratch (small ones make
 // several expert groups and row chunks).
 LayerErrors layer_error(const MoeWeights& host, const MoeParams& params, int64_t T,
-                        cuda::PrefillLimits limits = {}) {
+                        cuda::PrefillOptions options = {}) {
   const int64_t H = host.experts.hidden_size;
   const Tensor x_bf16 = to_bf16(random_f32({T, H}, 11));
   CpuOps cpu;
   Tensor ref = Tensor::zeros(DType::kF32, {T, H});
   cpu.moe(to_f32(x_bf16), host, params, ref);
   const cuda::MoeWeightsW4A8 w = cuda::upload_moe_w4a8(host);
-  cuda::MoeWorkspace ws(w, T, params.top_k, limits);
+  cuda::MoeWorkspace ws(w, T, params.top_k, options);
   const Tensor x = cuda::upload(x_bf16);
   auto run = [&](cuda::MoePath path) {
     Tensor out = poisoned(DType::kBF16, {T, H});
@@ -213,24 +213,28 @@ TEST_P(MoeLayer, MatchesCpuTwin) {
   EXPECT_LE(err.between, 1e-2);
 }
 
-// Scratch limits small enough that the prefill path takes several expert groups (5 experts of 64 in
-// the weight scratch) and several row chunks per group (160 padded rows), so every combine pass
-// (first, middle, last) runs; INT4 and FP8 experts.
+// Scratch small enough that the prefill path takes several expert groups (5 experts of 64 in the
+// weight scratch) and several row chunks per group (160 padded rows), so every combine pass (first,
+// middle, last) runs; with the down product in BF16 (the default) and in F32.
 TEST(MoeLayerPrefill, ChunkedMatchesCpuTwin) {
   SKIP_WITHOUT_GPU();
   const int64_t E = 64, H = 512, I = 256, T = 1000, top_k = 8;
-  const cuda::PrefillLimits limits{.weight_scratch_bytes = 5 * 3 * I * H, .buffer_bytes = 160 * 8 * I};
   const HostInt4 gate_up = random_int4(E, 2 * I, H, 310), down = random_int4(E, H, I, 410);
   MoeWeights host{.router = to_bf16(random_f32({E, H}, 9, 0.05f)),
                   .experts = {.format = WeightFormat::kInt4, .num_experts = E, .hidden_size = H,
                               .intermediate_size = I, .gate_up = gate_up.packed, .gate_up_scale = gate_up.scale,
                               .down = down.packed, .down_scale = down.scale}};
-  const LayerErrors err = layer_error(host, {.top_k = top_k}, T, limits);
-  std::cout << "chunked prefill E=" << E << " H=" << H << " I=" << I << " T=" << T << ": ";
-  print_errors(err);
-  EXPECT_LE(err.decode, 1e-2);
-  EXPECT_LE(err.prefill, 1e-2);
-  EXPECT_LE(err.between, 1e-2);
+  for (const DType product : {DType::kBF16, DType::kF32}) {
+    const cuda::PrefillOptions options{
+        .weight_scratch_bytes = 5 * 3 * I * H, .buffer_bytes = 160 * 8 * I, .down_product = product};
+    const LayerErrors err = layer_error(host, {.top_k = top_k}, T, options);
+    std::cout << "chunked prefill E=" << E << " H=" << H << " I=" << I << " T=" << T << " down product "
+              << dtype_name(product) << ": ";
+    print_errors(err);
+    EXPECT_LE(err.decode, 1e-2);
+    EXPECT_LE(err.prefill, 1e-2);
+    EXPECT_LE(err.between, 1e-2);
+  }
 }
 
 // The prefill path's dequantization: repacked INT4 -> FP8 e4m3 bytes of the INT4 values exactly, and
