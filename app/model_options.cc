@@ -14,6 +14,9 @@
 #ifdef NIBBLE_HAS_CUDA
 #include "cuda/cuda_ops.h"
 #endif
+#ifdef NIBBLE_HAS_NCCL
+#include "cuda/tp_device_group.h"
+#endif
 #include "format/safetensors.h"
 #include "model/dummy_weights.h"
 #include "model/tensor_parallel.h"
@@ -23,6 +26,8 @@ namespace {
 
 // INT4 experts pack 8 columns per word: the CPU's shards of the intermediate size keep whole words.
 constexpr int64_t kCpuIntermediateMultiple = 8;
+// The GPU's expert kernels tile the intermediate size by 64.
+constexpr int64_t kCudaIntermediateMultiple = 64;
 
 // Without --max-total-tokens the CPU backend keeps its KV cache this small: taking most of the
 // host's memory would only slow a CPU run down.
@@ -83,6 +88,34 @@ DummyProgress dummy_progress() {
   };
 }
 
+#ifdef NIBBLE_HAS_NCCL
+// --device cuda --tp-size N: rank r on GPU r; dummy weights made per rank from its shard's config,
+// a checkpoint loaded on the host once and each rank's shard uploaded one layer at a time.
+void load_cuda_tp(const ModelConfig& config, const std::optional<Checkpoint>& checkpoint, const ModelOptions& o,
+                  LoadedModel& loaded) {
+  const auto start = std::chrono::steady_clock::now();
+  CpuOps host_ops;
+  const ModelWeights host =
+      checkpoint ? load_weights(*checkpoint, config, loaded.quantization, host_ops, show_progress) : ModelWeights{};
+  const cuda::RankWeights weights = [&](int rank, const ModelConfig& rank_config, Ops& ops) {
+    if (!checkpoint)
+      return dummy_weights(rank_config, loaded.quantization, ops, rank == 0 ? dummy_progress() : DummyProgress{});
+    return place_shard(host, config, rank, o.tp_size, ops);
+  };
+  loaded.model = cuda::make_cuda_tp_model(config, o.tp_size, *loaded.ops, weights);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const ModelConfig& rank = loaded.model->config();
+  std::cerr << (checkpoint ? "loaded " : "made dummy ") << config.model_type << " (" << config.num_hidden_layers
+            << " layers, " << config.num_local_experts << " experts) with quantization "
+            << quantization_name(loaded.quantization) << " in " << seconds << " s\n"
+            << "tensor parallel: " << o.tp_size << " GPUs (NCCL, NVLS off), " << rank.num_attention_heads
+            << " attention heads, " << rank.num_key_value_heads << " KV heads and intermediate size "
+            << rank.intermediate_size << " each\n";
+  if (!o.disable_cuda_graph)
+    std::cerr << "tensor parallel: CUDA graphs are not used with --tp-size > 1 yet; decode steps run eagerly\n";
+}
+#endif
+
 }  // namespace
 
 KvCacheDType parse_kv_cache_dtype(const std::string& name) {
@@ -128,9 +161,11 @@ LoadedModel load_model(const ModelOptions& o) {
         " is not supported (auto, none, fp8, quark_int4fp8_moe)");
   const KvCacheDType kv_dtype = parse_kv_cache_dtype(o.kv_cache_dtype);
   check(o.tp_size >= 1, "--tp-size must be at least 1, got ", o.tp_size);
+#ifndef NIBBLE_HAS_NCCL
   check(o.tp_size == 1 || o.device == "cpu", "--tp-size ", o.tp_size,
-        " on --device cuda is not supported yet (the NCCL path is pending; --device cpu runs the "
-        "ranks as threads; `nibble plan` plans larger ones)");
+        " on --device cuda: this build has no NCCL (CMake did not find nccl.h and libnccl; configure "
+        "with -DNIBBLE_NCCL_ROOT=<dir with include/ and lib/>)");
+#endif
   check(o.device == "cpu" || o.device == "cuda", "--device ", o.device,
         " is not supported (cpu, cuda)");
   check(o.load_format == "auto" || o.load_format == "dummy", "--load-format ", o.load_format,
@@ -141,7 +176,12 @@ LoadedModel load_model(const ModelOptions& o) {
   const bool dummy = o.load_format == "dummy";
 
   ModelConfig config = load_model_config(dir);
-  if (o.tp_size > 1) check_tp_size(config, o.tp_size, kCpuIntermediateMultiple);
+  const bool cuda_tp = o.tp_size > 1 && o.device == "cuda";
+  if (o.tp_size > 1)
+    check_tp_size(config, o.tp_size, cuda_tp ? kCudaIntermediateMultiple : kCpuIntermediateMultiple);
+#ifdef NIBBLE_HAS_NCCL
+  if (cuda_tp) cuda::check_gpu_count(o.tp_size);  // before any GPU work
+#endif
   const std::optional<Checkpoint> checkpoint =
       dummy ? std::nullopt : std::optional(Checkpoint::open(dir));
   LoadedModel loaded;
@@ -149,6 +189,12 @@ LoadedModel load_model(const ModelOptions& o) {
   loaded.quantization = resolve_quantization(*quantization, config);
   loaded.kv_dtype = kv_dtype;
   plan_or_refuse(config, loaded, o);
+#ifdef NIBBLE_HAS_NCCL
+  if (cuda_tp) {
+    load_cuda_tp(config, checkpoint, o, loaded);
+    return loaded;
+  }
+#endif
   const auto start = std::chrono::steady_clock::now();
   ModelWeights weights =
       dummy ? dummy_weights(config, loaded.quantization, *loaded.ops, dummy_progress())

@@ -8,7 +8,10 @@
 #include <vector>
 
 #include "cpu/cpu_ops.h"
+#include "core/fp8.h"
 #include "cpu/gemm.h"
+#include "model/communicator.h"
+#include "quant/fp8_quant.h"
 
 namespace nibble {
 namespace {
@@ -71,20 +74,55 @@ void CpuOps::moe(const Tensor& x, const MoeWeights& w, const MoeParams& params, 
     }
   }
 
-  // Experts, each over its gathered tokens.
+  // Experts, each over its gathered tokens: gate_up and activation · up for every expert, then the
+  // down projections. Under tensor parallelism with FP8 inputs (quantized experts) each rank holds a
+  // slice of a row's intermediate values, so its FP8 scale comes from the row's amax over all ranks:
+  // the same codes and scale as on one rank.
   std::fill_n(out.data<float>(), T * H, 0.0f);
+  std::vector<std::vector<float>> acts(E);  // expert -> (routed rows, I)
+  int64_t routed_rows = 0;
   for (int64_t e = 0; e < E; ++e) {
     const auto& routed = tokens_of[e];
     const auto n = static_cast<int64_t>(routed.size());
     if (n == 0) continue;
-    std::vector<float> xs(n * H), gate_up(n * 2 * I), act(n * I), down(n * H);
+    std::vector<float> xs(n * H), gate_up(n * 2 * I);
+    std::vector<float>& act = acts[e];
+    act.resize(n * I);
     for (int64_t r = 0; r < n; ++r)
       std::copy_n(x.data<float>() + routed[r].first * H, H, &xs[r * H]);
     gemm(xs.data(), n, expert_view(ex.gate_up, ex.gate_up_scale, ex.format, e, 2 * I, H), gate_up.data());
     for (int64_t r = 0; r < n; ++r)
       for (int64_t i = 0; i < I; ++i)
         act[r * I + i] = activate(params.activation, gate_up[r * 2 * I + i]) * gate_up[r * 2 * I + I + i];
-    gemm(act.data(), n, expert_view(ex.down, ex.down_scale, ex.format, e, H, I), down.data());
+    routed_rows += n;
+  }
+  const bool shared_amax = params.communicator != nullptr && ex.format != WeightFormat::kBf16 && routed_rows > 0;
+  Tensor amax;  // F32 (routed rows) in expert order: the rows' amax over all ranks
+  if (shared_amax) {
+    amax = Tensor::zeros(DType::kF32, {routed_rows});
+    float* a = amax.data<float>();
+    for (int64_t e = 0; e < E; ++e)
+      for (std::size_t r = 0; r < tokens_of[e].size(); ++r, ++a)
+        for (int64_t i = 0; i < I; ++i) *a = std::max(*a, std::fabs(acts[e][r * I + i]));
+    params.communicator->all_reduce_max(amax);  // every rank routes alike: the same rows in the same order
+  }
+  int64_t row = 0;
+  for (int64_t e = 0; e < E; ++e) {
+    const auto& routed = tokens_of[e];
+    const auto n = static_cast<int64_t>(routed.size());
+    if (n == 0) continue;
+    std::vector<float> down(n * H);
+    const WeightView w2 = expert_view(ex.down, ex.down_scale, ex.format, e, H, I);
+    if (shared_amax) {
+      for (int64_t r = 0; r < n; ++r) {  // each row with its scale, as the one-rank quantizer computes it
+        WeightView w2_row = w2;
+        w2_row.input_scale = std::max(amax.data<float>()[row + r], kMinActivationAmax) / kFp8E4M3Max;
+        gemm(&acts[e][r * I], 1, w2_row, &down[r * H]);
+      }
+    } else {
+      gemm(acts[e].data(), n, w2, down.data());
+    }
+    row += n;
     for (int64_t r = 0; r < n; ++r) {
       float* o = out.data<float>() + routed[r].first * H;
       for (int64_t h = 0; h < H; ++h) o[h] += routed[r].second * down[r * H + h];

@@ -1,6 +1,8 @@
 // ThreadGroup's barrier and the rank-ordered CPU all-reduce.
 #include "cpu/thread_communicator.h"
 
+#include <algorithm>
+
 #include "core/bf16.h"
 
 namespace nibble {
@@ -38,21 +40,32 @@ ThreadCommunicator::ThreadCommunicator(std::shared_ptr<ThreadGroup> group, int r
 void ThreadCommunicator::all_reduce_sum(Tensor& x) {
   check(x.device() == Device::kCpu && (x.dtype() == DType::kF32 || x.dtype() == DType::kBF16),
         "all_reduce_sum: ", x.describe(), " is not an F32 or BF16 host tensor");
+  all_reduce(x, Reduce::kSum);
+}
+
+void ThreadCommunicator::all_reduce_max(Tensor& x) {
+  check(x.device() == Device::kCpu && x.dtype() == DType::kF32, "all_reduce_max: ", x.describe(),
+        " is not an F32 host tensor");
+  all_reduce(x, Reduce::kMax);
+}
+
+void ThreadCommunicator::all_reduce(Tensor& x, Reduce op) {
   if (size() == 1) return;
   std::vector<const Tensor*>& published = group_->published();
   published[static_cast<std::size_t>(rank_)] = &x;
   group_->arrive_and_wait();  // every rank's tensor is published
   const int64_t n = x.numel();
   for (const Tensor* t : published)
-    check(t->dtype() == x.dtype() && t->numel() == n, "all_reduce_sum: rank ", rank_, " has ",
+    check(t->dtype() == x.dtype() && t->numel() == n, "all_reduce: rank ", rank_, " has ",
           x.describe(), ", another rank ", t->describe());
+  const auto value = [](const Tensor* t, int64_t i) {
+    return t->dtype() == DType::kF32 ? t->data<float>()[i] : bf16_to_float(t->data<Bf16>()[i]);
+  };
   sum_.assign(static_cast<std::size_t>(n), 0.0f);
-  for (const Tensor* t : published) {  // rank order: the same sum on every rank
-    if (t->dtype() == DType::kF32)
-      for (int64_t i = 0; i < n; ++i) sum_[i] += t->data<float>()[i];
-    else
-      for (int64_t i = 0; i < n; ++i) sum_[i] += bf16_to_float(t->data<Bf16>()[i]);
-  }
+  for (int64_t i = 0; i < n; ++i) sum_[i] = value(published[0], i);
+  for (std::size_t r = 1; r < published.size(); ++r)  // rank order: the same result on every rank
+    for (int64_t i = 0; i < n; ++i)
+      sum_[i] = op == Reduce::kSum ? sum_[i] + value(published[r], i) : std::max(sum_[i], value(published[r], i));
   group_->arrive_and_wait();  // nobody reads the published tensors any more
   if (x.dtype() == DType::kF32)
     for (int64_t i = 0; i < n; ++i) x.data<float>()[i] = sum_[i];

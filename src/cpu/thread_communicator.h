@@ -1,5 +1,5 @@
 // Tensor parallelism on the CPU: N ranks as N threads of one process. Each rank publishes its
-// tensor's address, waits for the others, sums all of them in rank order (so every rank computes the
+// tensor's address, waits for the others, sums (or takes the maximum of) all of them in rank order (so every rank computes the
 // same bits) into its own scratch, waits again, then writes the sum back. Exact and deterministic.
 #pragma once
 
@@ -40,9 +40,13 @@ class ThreadCommunicator final : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return group_->size(); }
   void all_reduce_sum(Tensor& x) override;  // F32 or BF16 host tensors
+  void all_reduce_max(Tensor& x) override;  // F32 host tensors
   void abort() override { group_->abort(); }
 
  private:
+  enum class Reduce : uint8_t { kSum, kMax };
+  void all_reduce(Tensor& x, Reduce op);
+
   std::shared_ptr<ThreadGroup> group_;
   int rank_;
   std::vector<float> sum_;

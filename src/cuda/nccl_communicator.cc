@@ -1,7 +1,10 @@
-// NcclCommunicator: init with NVLS off, the in-place sum, and abort for a failed rank.
+// NcclGroup and NcclCommunicator: non-blocking init with NVLS off, the in-place sum and maximum, and
+// the group-wide abort for a failed rank.
 #include "cuda/nccl_communicator.h"
 
+#include <chrono>
 #include <cstdlib>
+#include <thread>
 
 #include "cuda/cuda_check.h"
 
@@ -9,41 +12,100 @@ namespace nibble::cuda {
 namespace {
 
 void nccl_check(ncclResult_t status, const char* what) {
-  if (status != ncclSuccess) fail("NCCL ", what, " failed: ", ncclGetErrorString(status));
+  if (status != ncclSuccess && status != ncclInProgress)
+    fail("NCCL ", what, " failed: ", ncclGetErrorString(status));
 }
 
 }  // namespace
 
-ncclUniqueId NcclCommunicator::make_id() {
-  ncclUniqueId id;
-  nccl_check(ncclGetUniqueId(&id), "ncclGetUniqueId");
-  return id;
+NcclGroup::NcclGroup(int size) : size_(size) {
+  check(size >= 1, "NCCL: group size ", size, " must be at least 1");
+  setenv("NCCL_NVLS_ENABLE", "0", 1);  // never NVLink multicast
+  nccl_check(ncclGetUniqueId(&id_), "ncclGetUniqueId");
+  for (int r = 0; r < size; ++r) slots_.push_back(std::make_unique<Slot>());
 }
 
-NcclCommunicator::NcclCommunicator(const ncclUniqueId& id, int rank, int size, cudaStream_t stream)
-    : rank_(rank), size_(size), stream_(stream) {
-  check(size >= 1 && rank >= 0 && rank < size, "NCCL: rank ", rank, " outside [0, ", size, ")");
-  setenv("NCCL_NVLS_ENABLE", "0", 1);  // never NVLink multicast
-  nccl_check(ncclCommInitRank(&comm_, size, id, rank), "ncclCommInitRank");
+void NcclGroup::abort() {
+  aborted_ = true;
+  for (auto& slot : slots_) {
+    std::lock_guard lock(slot->mutex);
+    if (slot->comm != nullptr) (void)ncclCommAbort(slot->comm);
+    slot->comm = nullptr;
+  }
+}
+
+NcclCommunicator::NcclCommunicator(std::shared_ptr<NcclGroup> group, int rank, cudaStream_t stream)
+    : group_(std::move(group)), rank_(rank), stream_(stream) {
+  check(rank >= 0 && rank < group_->size(), "NCCL: rank ", rank, " outside [0, ", group_->size(), ")");
+  NcclGroup::Slot& slot = *group_->slots_[static_cast<std::size_t>(rank)];
+  try {
+    {
+      std::lock_guard lock(slot.mutex);
+      check(!group_->aborted(), "tensor parallel: another rank failed");
+      ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+      config.blocking = 0;  // init and collectives poll (wait_ready), so an abort always ends them
+      ncclComm_t comm = nullptr;
+      const ncclResult_t status = ncclCommInitRankConfig(&comm, group_->size(), group_->id(), rank, &config);
+      slot.comm = comm;
+      nccl_check(status, "ncclCommInitRankConfig");
+    }
+    wait_ready("ncclCommInitRankConfig");
+  } catch (...) {
+    group_->abort();
+    throw;
+  }
 }
 
 NcclCommunicator::~NcclCommunicator() {
-  if (comm_ != nullptr) ncclCommDestroy(comm_);
+  NcclGroup::Slot& slot = *group_->slots_[static_cast<std::size_t>(rank_)];
+  std::lock_guard lock(slot.mutex);
+  if (slot.comm == nullptr) return;
+  // Destroy finalizes the communicator with the other ranks; every rank's destructor runs at once.
+  if (group_->aborted())
+    (void)ncclCommAbort(slot.comm);
+  else
+    (void)ncclCommDestroy(slot.comm);
+  slot.comm = nullptr;
+}
+
+void NcclCommunicator::wait_ready(const char* what) {
+  NcclGroup::Slot& slot = *group_->slots_[static_cast<std::size_t>(rank_)];
+  for (int polls = 0;; ++polls) {
+    {
+      std::lock_guard lock(slot.mutex);
+      check(slot.comm != nullptr && !group_->aborted(), "tensor parallel: another rank failed");
+      ncclResult_t state = ncclSuccess;
+      nccl_check(ncclCommGetAsyncError(slot.comm, &state), "ncclCommGetAsyncError");
+      if (state == ncclSuccess) return;
+      if (state != ncclInProgress) fail("NCCL ", what, " failed on rank ", rank_, ": ", ncclGetErrorString(state));
+    }
+    if (polls > 100) std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
+}
+
+void NcclCommunicator::all_reduce(Tensor& x, ncclRedOp_t op) {
+  if (group_->size() == 1) return;
+  NcclGroup::Slot& slot = *group_->slots_[static_cast<std::size_t>(rank_)];
+  const ncclDataType_t type = x.dtype() == DType::kBF16 ? ncclBfloat16 : ncclFloat32;
+  {
+    std::lock_guard lock(slot.mutex);
+    check(slot.comm != nullptr && !group_->aborted(), "tensor parallel: another rank failed");
+    nccl_check(ncclAllReduce(x.raw(), x.raw(), static_cast<std::size_t>(x.numel()), type, op, slot.comm, stream_),
+               "ncclAllReduce");
+  }
+  wait_ready("ncclAllReduce");  // at once in steady state; the first calls connect the ranks
 }
 
 void NcclCommunicator::all_reduce_sum(Tensor& x) {
   check(x.device() == Device::kCuda && (x.dtype() == DType::kBF16 || x.dtype() == DType::kF32),
         "NCCL all_reduce_sum: ", x.describe(), " is not a BF16 or F32 device tensor");
-  if (size_ == 1) return;
-  const ncclDataType_t type = x.dtype() == DType::kBF16 ? ncclBfloat16 : ncclFloat32;
-  nccl_check(ncclAllReduce(x.raw(), x.raw(), static_cast<std::size_t>(x.numel()), type, ncclSum, comm_,
-                           stream_),
-             "ncclAllReduce");
+  all_reduce(x, ncclSum);
 }
 
-void NcclCommunicator::abort() {
-  if (comm_ != nullptr) ncclCommAbort(comm_);
-  comm_ = nullptr;
+void NcclCommunicator::all_reduce_max(Tensor& x) {
+  check(x.device() == Device::kCuda && x.dtype() == DType::kF32, "NCCL all_reduce_max: ", x.describe(),
+        " is not an F32 device tensor");
+  all_reduce(x, ncclMax);
 }
 
 }  // namespace nibble::cuda

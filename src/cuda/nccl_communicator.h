@@ -1,39 +1,73 @@
-// The tensor-parallel all-reduce over NCCL: one communicator per rank, one rank per GPU, the sum
-// queued on the rank's compute stream (so CUDA graphs capture it with the ops around it). NVLink
-// multicast (NVLS) is switched off before init: no multicast objects are ever created.
-// Built only where CMake finds NCCL (target nibble_nccl).
+// The tensor-parallel collectives over NCCL: one communicator per rank, one rank per GPU, the sums
+// and maxima queued on the rank's compute stream (so CUDA graphs capture them with the ops around
+// them). The communicators are non-blocking: initialization and the first collectives (which
+// connect the ranks) poll instead of waiting, so a group whose rank failed ends with an error, never
+// a hang; NcclGroup::abort aborts every rank's communicator (also the kernels of a rank stuck in a
+// collective its failed peer never joined). NVLink multicast (NVLS) is switched off before init:
+// no multicast objects are ever created. Built only where CMake finds NCCL (target nibble_nccl).
 #pragma once
 
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include <atomic>
+#include <memory>
+#include <mutex>
 #include <vector>
 
 #include "model/communicator.h"
 
 namespace nibble::cuda {
 
+// The ranks of one process that form one NCCL group: the id rank 0 made, and each rank's
+// communicator once it joined, so that any rank can abort all of them.
+class NcclGroup {
+ public:
+  explicit NcclGroup(int size);  // a fresh id; sets NCCL_NVLS_ENABLE=0 (call before any rank joins)
+  int size() const { return size_; }
+  const ncclUniqueId& id() const { return id_; }
+  bool aborted() const { return aborted_.load(); }
+  // Every rank's communicator is aborted (pending collectives on the devices end); rank threads
+  // waiting in init or in a collective fail with "another rank failed". Safe from any thread.
+  void abort();
+
+ private:
+  friend class NcclCommunicator;
+  struct Slot {
+    std::mutex mutex;  // held around every NCCL call on `comm`
+    ncclComm_t comm = nullptr;
+  };
+  int size_;
+  ncclUniqueId id_{};
+  std::atomic<bool> aborted_{false};
+  std::vector<std::unique_ptr<Slot>> slots_;
+};
+
 class NcclCommunicator final : public Communicator {
  public:
-  // Joins the group `id` as `rank` of `size` on the calling thread's current device; all ranks must
-  // call it at once (ncclCommInitRank blocks until they have). `stream`: where the sums are queued.
-  NcclCommunicator(const ncclUniqueId& id, int rank, int size, cudaStream_t stream);
+  // Joins `group` as `rank` on the calling thread's current device; all ranks must call it at
+  // once, each on its own thread. Fails (and aborts the group) when init fails or the group aborts.
+  // `stream`: where the collectives are queued.
+  NcclCommunicator(std::shared_ptr<NcclGroup> group, int rank, cudaStream_t stream);
+  // Destroys the communicator: call on every rank at once (NCCL finalizes them together).
   ~NcclCommunicator() override;
   NcclCommunicator(const NcclCommunicator&) = delete;
   NcclCommunicator& operator=(const NcclCommunicator&) = delete;
 
-  // A fresh group id, made once (by rank 0) and handed to every rank.
-  static ncclUniqueId make_id();
-
   int rank() const override { return rank_; }
-  int size() const override { return size_; }
+  int size() const override { return group_->size(); }
   void all_reduce_sum(Tensor& x) override;  // BF16 or F32 on this rank's device
-  void abort() override;
+  void all_reduce_max(Tensor& x) override;  // F32 on this rank's device
+  void abort() override { group_->abort(); }
 
  private:
-  ncclComm_t comm_ = nullptr;
+  void all_reduce(Tensor& x, ncclRedOp_t op);
+  // Waits, without blocking in NCCL, until the communicator's last call completed; fails if it
+  // failed or the group aborted. Holds no lock while it waits.
+  void wait_ready(const char* what);
+
+  std::shared_ptr<NcclGroup> group_;
   int rank_;
-  int size_;
   cudaStream_t stream_;
 };
 

@@ -34,6 +34,8 @@ KvCache Model::allocate_kv_cache(int64_t num_blocks, int64_t block_size, KvCache
   return cache;
 }
 
+std::unique_ptr<RecordedStep> Model::record(const std::function<void()>& step) { return ops_.record(step); }
+
 Tensor Model::forward(const ForwardBatch& batch, KvCache& cache) {
   const ModelConfig& c = config_;
   const int64_t tokens = batch.num_tokens;
@@ -47,7 +49,8 @@ Tensor Model::forward(const ForwardBatch& batch, KvCache& cache) {
       .top_k = c.num_experts_per_tok,
       .router_norm = c.norm_topk_prob ? RouterNorm::kRenormalize : RouterNorm::kNone,
       .activation = activation_of(c.hidden_act),
-      .router_softcap = static_cast<float>(c.router_logit_softcapping)};
+      .router_softcap = static_cast<float>(c.router_logit_softcapping),
+      .communicator = communicator_ != nullptr && communicator_->size() > 1 ? communicator_ : nullptr};
   const bool sandwich = c.norm_placement == NormPlacement::kSandwich;
 
   Tensor x = ops_.empty(act, {tokens, c.hidden_size});  // the residual stream

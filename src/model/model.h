@@ -3,6 +3,7 @@
 // (ModelConfig), not code paths per backend.
 #pragma once
 
+#include <functional>
 #include <memory>
 
 #include "format/model_config.h"
@@ -30,6 +31,10 @@ class Model {
   // Runs the batch through the model, appending its tokens' K/V to `cache`.
   // Returns F32 (R, vocab_size) logits for batch.logit_rows, on the backend's device.
   virtual Tensor forward(const ForwardBatch& batch, KvCache& cache);
+
+  // Records the device work `step` queues, for replay (CUDA graphs): the backend's Ops::record, or
+  // nullptr where the model cannot be recorded (the CPU; a tensor-parallel group, tensor_parallel.h).
+  virtual std::unique_ptr<RecordedStep> record(const std::function<void()>& step);
 
   // One rank of a tensor-parallel group: this model holds the rank's shard (tensor_parallel.h), and
   // the attention output and the MoE output are summed over the ranks. Not owned; null: one rank.

@@ -16,6 +16,8 @@
 
 namespace nibble {
 
+class Communicator;  // model/communicator.h
+
 // The expert activation applied to the gate: SiLU, exact (erf) GELU, or GELU's tanh approximation
 // 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))).
 enum class Activation : uint8_t { kSilu, kGelu, kGeluTanh };
@@ -26,6 +28,10 @@ struct MoeParams {
   RouterNorm router_norm = RouterNorm::kRenormalize;
   Activation activation = Activation::kSilu;
   float router_softcap = 0.0f;  // router logits become cap·tanh(logit / cap) before the softmax; 0 = off
+  // Tensor parallelism (each rank holds a slice of the intermediate size): the down projection's FP8
+  // input scale is per row from the row's amax over all ranks (all_reduce_max), as on one rank.
+  // Null on one rank. Not owned.
+  Communicator* communicator = nullptr;
 };
 
 struct AttentionParams {

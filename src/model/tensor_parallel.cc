@@ -3,9 +3,6 @@
 #include "model/tensor_parallel.h"
 
 #include <cstring>
-#include <exception>
-#include <mutex>
-#include <thread>
 #include <utility>
 
 namespace nibble {
@@ -155,70 +152,298 @@ ModelWeights place_weights(const ModelWeights& host, Ops& ops) {
   return out;
 }
 
-TensorParallelModel::TensorParallelModel(const ModelConfig& whole, const ModelWeights& host_weights,
-                                         Ops& rank0_ops, std::vector<std::unique_ptr<Ops>> peer_ops,
-                                         std::vector<std::unique_ptr<Communicator>> communicators)
-    : Model(shard_config(whole, 0, static_cast<int>(communicators.size())),
-            place_weights(shard_weights(host_weights, whole, 0, static_cast<int>(communicators.size())),
-                          rank0_ops),
-            rank0_ops),
-      peer_ops_(std::move(peer_ops)),
-      communicators_(std::move(communicators)) {
-  const int n = tp_size();
-  check(static_cast<int>(peer_ops_.size()) == n - 1, "tensor parallel: ", n, " ranks need ", n - 1,
-        " peer backends, got ", peer_ops_.size());
-  for (int r = 0; r < n; ++r)
-    check(communicators_[r]->rank() == r && communicators_[r]->size() == n,
-          "tensor parallel: communicator ", r, " is rank ", communicators_[r]->rank(), " of ",
-          communicators_[r]->size());
-  set_communicator(communicators_[0].get());
-  for (int r = 1; r < n; ++r) {
-    Ops& ops = *peer_ops_[r - 1];
-    peers_.push_back(std::make_unique<Model>(shard_config(whole, r, n),
-                                             place_weights(shard_weights(host_weights, whole, r, n), ops),
-                                             ops));
-    peers_.back()->set_communicator(communicators_[r].get());
+ModelWeights place_shard(const ModelWeights& host, const ModelConfig& whole, int rank, int n, Ops& ops) {
+  ModelWeights replicated;  // the replicated tensors only, then one layer at a time
+  replicated.embed_tokens = host.embed_tokens;
+  replicated.norm = host.norm;
+  replicated.lm_head = host.lm_head;
+  ModelWeights out = place_weights(replicated, ops);
+  for (const LayerWeights& layer : host.layers) {
+    ModelWeights one;
+    one.layers.push_back(shard_layer(layer, whole, rank, n));
+    ModelWeights placed = place_weights(one, ops);
+    out.layers.push_back(std::move(placed.layers[0]));
+  }
+  return out;
+}
+
+RankThread::RankThread() : thread_([this] { loop(); }) {}
+
+RankThread::~RankThread() {
+  {
+    std::unique_lock lock(mutex_);
+    cv_.wait(lock, [&] { return !pending_; });
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+void RankThread::post(std::function<void()> task) {
+  {
+    std::lock_guard lock(mutex_);
+    check(!pending_, "tensor parallel: a rank was given a task before finishing its last");
+    task_ = std::move(task);
+    error_ = nullptr;
+    pending_ = true;
+  }
+  cv_.notify_all();
+}
+
+std::exception_ptr RankThread::wait() {
+  std::unique_lock lock(mutex_);
+  cv_.wait(lock, [&] { return !pending_; });
+  return error_;
+}
+
+void RankThread::loop() {
+  std::unique_lock lock(mutex_);
+  for (;;) {
+    cv_.wait(lock, [&] { return pending_ || stop_; });
+    if (!pending_) return;  // stopped
+    std::function<void()> task = std::move(task_);
+    lock.unlock();
+    std::exception_ptr error;
+    try {
+      task();
+    } catch (...) {
+      error = std::current_exception();
+    }
+    task = nullptr;  // destroyed on this thread, like everything the task made
+    lock.lock();
+    error_ = error;
+    pending_ = false;
+    cv_.notify_all();
   }
 }
 
-KvCache TensorParallelModel::allocate_kv_cache(int64_t num_blocks, int64_t block_size,
-                                               KvCacheDType dtype) const {
-  peer_caches_.clear();
-  for (const auto& peer : peers_) peer_caches_.push_back(peer->allocate_kv_cache(num_blocks, block_size, dtype));
-  KvCache cache = Model::allocate_kv_cache(num_blocks, block_size, dtype);
+// One peer rank's state; made, used and destroyed on its own thread only.
+struct Peer {
+  std::unique_ptr<Ops> ops;
+  std::unique_ptr<Communicator> communicator;
+  std::unique_ptr<Model> model;
+  KvCache cache;
+};
+
+struct TensorParallelModel::Group {
+  std::vector<std::unique_ptr<RankThread>> threads;  // ranks 1..N-1
+  std::vector<std::unique_ptr<Peer>> peers;          // ranks 1..N-1, each touched by its thread only
+  std::unique_ptr<Communicator> rank0_communicator;
+
+  // Every rank's state goes at once (NCCL destroys its communicators together), each on its thread.
+  ~Group() {
+    for (std::size_t p = 0; p < threads.size(); ++p) {
+      (void)threads[p]->wait();
+      threads[p]->post([this, p] { peers[p].reset(); });
+    }
+    rank0_communicator.reset();
+    for (auto& thread : threads) (void)thread->wait();
+  }
+};
+
+struct TensorParallelModel::Built {
+  ModelWeights rank0_weights;
+  std::unique_ptr<Group> group;
+};
+
+namespace {
+
+// The batch's tensors on the host (downloaded from a device backend).
+ForwardBatch batch_on_host(const ForwardBatch& b, Ops& ops) {
+  if (ops.device() == Device::kCpu) return b;
+  const auto down = [&](const Tensor& t) { return t.defined() ? ops.download(t) : Tensor(); };
+  ForwardBatch out = b;
+  for (Tensor ForwardBatch::*field : {&ForwardBatch::token_ids, &ForwardBatch::positions, &ForwardBatch::query_start,
+                                      &ForwardBatch::seq_lens, &ForwardBatch::block_tables,
+                                      &ForwardBatch::slot_mapping, &ForwardBatch::logit_rows})
+    out.*field = down(b.*field);
+  return out;
+}
+
+// A host batch on `ops`'s device.
+ForwardBatch batch_on(const ForwardBatch& host, Ops& ops) {
+  if (ops.device() == Device::kCpu) return host;
+  const auto up = [&](const Tensor& t) { return t.defined() ? ops.upload(t) : Tensor(); };
+  ForwardBatch out = host;
+  for (Tensor ForwardBatch::*field : {&ForwardBatch::token_ids, &ForwardBatch::positions, &ForwardBatch::query_start,
+                                      &ForwardBatch::seq_lens, &ForwardBatch::block_tables,
+                                      &ForwardBatch::slot_mapping, &ForwardBatch::logit_rows})
+    out.*field = up(host.*field);
+  return out;
+}
+
+// Records the first error of a group's ranks.
+class FirstError {
+ public:
+  void record(std::exception_ptr error) {
+    std::lock_guard lock(mutex_);
+    if (!first_) first_ = std::move(error);
+  }
+  bool any() {
+    std::lock_guard lock(mutex_);
+    return first_ != nullptr;
+  }
+  [[noreturn]] void rethrow() { std::rethrow_exception(first_); }
+
+ private:
+  std::mutex mutex_;
+  std::exception_ptr first_;
+};
+
+}  // namespace
+
+TensorParallelModel::Built TensorParallelModel::build(const ModelConfig& whole, const TpSetup& setup,
+                                                      Ops& rank0_ops) {
+  const int n = setup.size;
+  check(n >= 1 && setup.make_ops && setup.make_communicator && setup.make_weights,
+        "tensor parallel: incomplete setup for ", n, " ranks");
+  Built built{.rank0_weights = {}, .group = std::make_unique<Group>()};
+  Group& g = *built.group;
+  FirstError errors;
+  const auto failed = [&] {
+    errors.record(std::current_exception());
+    if (setup.abort) setup.abort();
+  };
+  for (int r = 1; r < n; ++r) {
+    g.threads.push_back(std::make_unique<RankThread>());
+    g.peers.push_back(std::make_unique<Peer>());
+    g.threads.back()->post([&, r, &peer = *g.peers.back()] {
+      try {
+        if (setup.enter) setup.enter(r);
+        peer.ops = setup.make_ops(r);
+        peer.communicator = setup.make_communicator(r);
+        check(peer.communicator->rank() == r && peer.communicator->size() == n, "tensor parallel: communicator ",
+              r, " is rank ", peer.communicator->rank(), " of ", peer.communicator->size());
+        const ModelConfig config = shard_config(whole, r, n);
+        peer.model = std::make_unique<Model>(config, setup.make_weights(r, config, *peer.ops), *peer.ops);
+        peer.model->set_communicator(peer.communicator.get());
+      } catch (...) {
+        failed();
+      }
+    });
+  }
+  try {
+    g.rank0_communicator = setup.make_communicator(0);
+    check(g.rank0_communicator->rank() == 0 && g.rank0_communicator->size() == n,
+          "tensor parallel: communicator 0 is rank ", g.rank0_communicator->rank(), " of ",
+          g.rank0_communicator->size());
+    built.rank0_weights = setup.make_weights(0, shard_config(whole, 0, n), rank0_ops);
+  } catch (...) {
+    failed();
+  }
+  for (auto& thread : g.threads) (void)thread->wait();
+  if (errors.any()) {
+    built.group.reset();  // each rank's partial state, on its thread
+    errors.rethrow();
+  }
+  return built;
+}
+
+TensorParallelModel::TensorParallelModel(const ModelConfig& whole, const TpSetup& setup, Ops& rank0_ops)
+    : TensorParallelModel(whole, build(whole, setup, rank0_ops), rank0_ops) {
+  size_ = setup.size;
+  synchronize_ = setup.synchronize;
+}
+
+TensorParallelModel::TensorParallelModel(const ModelConfig& whole, Built built, Ops& rank0_ops)
+    : Model(shard_config(whole, 0, static_cast<int>(built.group->threads.size()) + 1),
+            std::move(built.rank0_weights), rank0_ops),
+      size_(static_cast<int>(built.group->threads.size()) + 1),
+      group_(std::move(built.group)) {
+  set_communicator(group_->rank0_communicator.get());
+}
+
+namespace {
+
+// The setup of ranks whose backends and communicators already exist (made on one thread).
+TpSetup setup_from(const ModelWeights& host_weights, const ModelConfig& whole,
+                   std::vector<std::unique_ptr<Ops>>& peer_ops,
+                   std::vector<std::unique_ptr<Communicator>>& communicators) {
+  const int n = static_cast<int>(communicators.size());
+  check(static_cast<int>(peer_ops.size()) == n - 1, "tensor parallel: ", n, " ranks need ", n - 1,
+        " peer backends, got ", peer_ops.size());
+  return {.size = n,
+          .enter = {},
+          .make_ops = [&](int rank) { return std::move(peer_ops[static_cast<std::size_t>(rank - 1)]); },
+          .make_communicator = [&](int rank) { return std::move(communicators[static_cast<std::size_t>(rank)]); },
+          .make_weights = [&host_weights, &whole, n](int rank, const ModelConfig&, Ops& ops) {
+            return place_shard(host_weights, whole, rank, n, ops);
+          },
+          .synchronize = {},
+          .abort = [&] {
+            for (auto& c : communicators)
+              if (c) c->abort();
+          }};
+}
+
+}  // namespace
+
+TensorParallelModel::TensorParallelModel(const ModelConfig& whole, const ModelWeights& host_weights,
+                                         Ops& rank0_ops, std::vector<std::unique_ptr<Ops>> peer_ops,
+                                         std::vector<std::unique_ptr<Communicator>> communicators)
+    : TensorParallelModel(whole, setup_from(host_weights, whole, peer_ops, communicators), rank0_ops) {}
+
+TensorParallelModel::~TensorParallelModel() = default;
+
+void TensorParallelModel::run_all(const std::function<void()>& rank0,
+                                  const std::function<void(std::size_t)>& peer) const {
+  check(!failed_, "tensor parallel: a rank failed in an earlier step; the group cannot run again");
+  Group& g = *group_;
+  FirstError errors;
+  for (std::size_t p = 0; p < g.threads.size(); ++p)
+    g.threads[p]->post([&, p] {
+      try {
+        peer(p);
+      } catch (...) {
+        errors.record(std::current_exception());
+        g.peers[p]->communicator->abort();
+      }
+    });
+  try {
+    rank0();
+  } catch (...) {
+    errors.record(std::current_exception());
+    g.rank0_communicator->abort();
+  }
+  for (auto& thread : g.threads) (void)thread->wait();
+  if (errors.any()) {
+    failed_ = true;
+    errors.rethrow();
+  }
+}
+
+KvCache TensorParallelModel::allocate_kv_cache(int64_t num_blocks, int64_t block_size, KvCacheDType dtype) const {
+  KvCache cache;
+  run_all([&] { cache = Model::allocate_kv_cache(num_blocks, block_size, dtype); },
+          [&](std::size_t p) {
+            Peer& peer = *group_->peers[p];
+            peer.cache = {};  // the old cache goes first
+            peer.cache = peer.model->allocate_kv_cache(num_blocks, block_size, dtype);
+          });
   cache_id_ = cache.layers.empty() ? nullptr : cache.layers[0].k.raw();
   return cache;
 }
 
 Tensor TensorParallelModel::forward(const ForwardBatch& batch, KvCache& cache) {
-  check(peer_caches_.size() == peers_.size() &&
-            (cache.layers.empty() ? nullptr : cache.layers[0].k.raw()) == cache_id_,
+  check((cache.layers.empty() ? nullptr : cache.layers[0].k.raw()) == cache_id_,
         "tensor parallel: forward on a KV cache other than the one allocated last (the ranks keep "
         "one cache at a time)");
-  std::mutex mutex;
-  std::exception_ptr first_error;
-  // Runs one rank; on failure records the first error and aborts the group, so no rank waits forever.
-  const auto run = [&](int rank, const std::function<void()>& step) {
-    try {
-      step();
-    } catch (...) {
-      {
-        std::lock_guard lock(mutex);
-        if (!first_error) first_error = std::current_exception();
-      }
-      communicators_[rank]->abort();
-    }
-  };
-  std::vector<std::thread> threads;
-  for (std::size_t p = 0; p < peers_.size(); ++p)
-    threads.emplace_back([&, p] {
-      run(static_cast<int>(p) + 1, [&] { peers_[p]->forward(batch, peer_caches_[p]); });
-    });
+  const ForwardBatch host = batch_on_host(batch, ops());
   Tensor logits;
-  run(0, [&] { logits = Model::forward(batch, cache); });
-  for (std::thread& t : threads) t.join();
-  if (first_error) std::rethrow_exception(first_error);
+  run_all(
+      [&] {
+        logits = Model::forward(batch, cache);
+        if (synchronize_) synchronize_(0);
+      },
+      [&](std::size_t p) {
+        Peer& peer = *group_->peers[p];
+        const ForwardBatch local = batch_on(host, *peer.ops);
+        (void)peer.model->forward(local, peer.cache);
+        if (synchronize_) synchronize_(static_cast<int>(p) + 1);
+      });
   return logits;
 }
+
+std::unique_ptr<RecordedStep> TensorParallelModel::record(const std::function<void()>&) { return nullptr; }
 
 }  // namespace nibble

@@ -1,5 +1,6 @@
 // Tensor parallelism: a model split over N ranks, each an ordinary ModelConfig + ModelWeights that
-// any backend runs unchanged, plus the driver that runs the N ranks together.
+// any backend runs unchanged, plus the driver that runs the N ranks together (one persistent thread
+// per rank: CPU ranks, or one GPU per rank through src/cuda/tp_cuda.h).
 // Split: attention heads (q heads / N per rank; KV heads / N when num_key_value_heads ≥ N, else each
 // rank keeps the one KV head its q heads read), o_proj along its input (the rank's heads), experts
 // along the intermediate size (w1/w3 rows, w2 columns). Replicated: routers, norms, embeddings, lm_head.
@@ -7,7 +8,12 @@
 // are exactly the unsharded model's, so the ranks' partial sums add up to the one-rank result.
 #pragma once
 
+#include <condition_variable>
+#include <exception>
+#include <functional>
 #include <memory>
+#include <mutex>
+#include <thread>
 #include <vector>
 
 #include "format/model_config.h"
@@ -35,28 +41,80 @@ ModelWeights shard_weights(const ModelWeights& weights, const ModelConfig& confi
 // ops.prepare_moe.
 ModelWeights place_weights(const ModelWeights& host, Ops& ops);
 
-// The driver: rank 0's Model, which also holds ranks 1..N-1 and runs all N on every forward, one
-// thread per rank, on the same ForwardBatch; it returns rank 0's logits (every rank computes the
-// same). Its config() is rank 0's (per-rank heads). A rank that fails aborts the group, and the
-// first error is rethrown. One KV cache at a time: allocate_kv_cache also (re)allocates the peers'.
+// Rank 0's weights on `ops` from the whole model's host weights, one layer sharded and uploaded at a
+// time (host memory holds the whole model plus one layer's shard).
+ModelWeights place_shard(const ModelWeights& host, const ModelConfig& whole, int rank, int tp_size, Ops& ops);
+
+// A persistent thread of one rank: runs the tasks posted to it, one at a time. Backend state that
+// belongs to a thread (a CUDA device and its stream) stays with it for the life of the model.
+class RankThread {
+ public:
+  RankThread();
+  ~RankThread();  // waits for the posted task, then joins
+  RankThread(const RankThread&) = delete;
+  RankThread& operator=(const RankThread&) = delete;
+  void post(std::function<void()> task);  // the previous task must have been waited for
+  std::exception_ptr wait();              // until the posted task ended; what it threw, if anything
+
+ private:
+  void loop();
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::function<void()> task_;
+  bool pending_ = false, stop_ = false;
+  std::exception_ptr error_;
+  std::thread thread_;
+};
+
+// How each rank of a group gets its backend, communicator and weights. Every function runs on the
+// rank's own thread (rank 0: the thread that builds the model), in this order.
+struct TpSetup {
+  int size = 1;
+  std::function<void(int rank)> enter;                                       // optional (CUDA: device `rank`)
+  std::function<std::unique_ptr<Ops>(int rank)> make_ops;                    // ranks 1..N-1
+  std::function<std::unique_ptr<Communicator>(int rank)> make_communicator;  // every rank at once
+  std::function<ModelWeights(int rank, const ModelConfig& rank_config, Ops& ops)> make_weights;
+  std::function<void(int rank)> synchronize;  // optional: waits for the rank's queued work, fails on its errors
+  std::function<void()> abort;  // a rank failed during setup: ends the others' waits in make_communicator
+};
+
+// The driver: rank 0's Model, which also holds ranks 1..N-1, each on its own persistent thread, and
+// runs all N on every forward (rank 0 on the calling thread) on the same batch; it returns rank 0's
+// logits (every rank computes the same). Its config() is rank 0's (per-rank heads). A rank that
+// fails aborts the group (Communicator::abort) and the first error is rethrown; a failed group
+// refuses further steps. One KV cache at a time: allocate_kv_cache also (re)allocates the peers'.
 class TensorParallelModel final : public Model {
  public:
-  // `whole` and `host_weights`: the unsharded model on the CPU. ops[r] and communicators[r] serve
-  // rank r; ops[0] is not owned (it must outlive this model), the others are.
+  // The general form: `setup` says how to make each rank; rank0_ops must outlive the model.
+  TensorParallelModel(const ModelConfig& whole, const TpSetup& setup, Ops& rank0_ops);
+  // Every rank from the unsharded host weights; ops[r] and communicators[r] serve rank r; ops[0] is
+  // not owned, the others are (made on this thread: for backends without per-thread state).
   TensorParallelModel(const ModelConfig& whole, const ModelWeights& host_weights, Ops& rank0_ops,
                       std::vector<std::unique_ptr<Ops>> peer_ops,
                       std::vector<std::unique_ptr<Communicator>> communicators);
+  ~TensorParallelModel() override;
 
   KvCache allocate_kv_cache(int64_t num_blocks, int64_t block_size, KvCacheDType dtype) const override;
   Tensor forward(const ForwardBatch& batch, KvCache& cache) override;
-  int tp_size() const { return static_cast<int>(communicators_.size()); }
+  // Not yet: every rank would capture its own graph of its forward (decode steps run eagerly).
+  std::unique_ptr<RecordedStep> record(const std::function<void()>& step) override;
+  int tp_size() const { return size_; }
+
+  struct Group;  // the peers, their threads and rank 0's communicator (tensor_parallel.cc)
 
  private:
-  std::vector<std::unique_ptr<Ops>> peer_ops_;                // ranks 1..N-1
-  std::vector<std::unique_ptr<Communicator>> communicators_;  // ranks 0..N-1
-  std::vector<std::unique_ptr<Model>> peers_;                 // ranks 1..N-1
-  mutable std::vector<KvCache> peer_caches_;                  // ranks 1..N-1
-  mutable const void* cache_id_ = nullptr;                    // rank 0's cache they go with
+  struct Built;
+  TensorParallelModel(const ModelConfig& whole, Built built, Ops& rank0_ops);
+  static Built build(const ModelConfig& whole, const TpSetup& setup, Ops& rank0_ops);
+  // Runs `rank0` here and `peer(p)` on every peer's thread; on any failure aborts the group, marks
+  // it failed and rethrows the first error.
+  void run_all(const std::function<void()>& rank0, const std::function<void(std::size_t)>& peer) const;
+
+  int size_;
+  std::function<void(int)> synchronize_;
+  std::unique_ptr<Group> group_;
+  mutable const void* cache_id_ = nullptr;  // rank 0's cache the peers' caches go with
+  mutable bool failed_ = false;
 };
 
 }  // namespace nibble

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <iostream>
 
+#include "cpu/bf16_activations.h"
 #include "cpu/thread_communicator.h"
 #include "fixture_test_util.h"
 #include "model/tensor_parallel.h"
@@ -42,12 +43,13 @@ std::vector<int32_t> prompt_ids(const std::string& dir) {
 
 // bf16: the ranks' partial sums add up to the one-rank result up to fp32 summation order, so the
 // logits agree to 1e-3 and greedy decoding is the same. W4A8: the weights' codes and scales are the
-// one-rank model's exactly (ShardShapesAndContents), but o_proj's and w2's inputs are quantized to FP8
-// per token with a scale from the rank's slice of the row (each rank sees only its heads or its part
-// of the intermediate size), not the whole row: different rounding, which this random tiny MoE
-// amplifies by flipping top-2 experts. Measured worst / mean: Mixtral tp 2 0.43 / 0.088, tp 4
-// 0.47 / 0.14; Grok-1 tp 2 0.64 / 0.10, tp 4 0.35 / 0.082, below W4A8's own error against bf16
-// (mean 0.28 on Mixtral); a wrong shard (a misplaced head, column or scale) gives order one.
+// one-rank model's exactly (ShardShapesAndContents) and w2's FP8 input scale comes from the row's
+// amax over all ranks (W4A8ExpertsExact below), but o_proj (FP8 in this scheme) still quantizes its
+// input per token with a scale from the rank's heads only, not the whole row: different rounding,
+// which this random tiny MoE amplifies by flipping top-2 experts. Measured worst / mean: Mixtral
+// tp 2 0.43 / 0.10, tp 4 0.44 / 0.12; Grok-1 tp 2 0.64 / 0.10, tp 4 0.34 / 0.080, below W4A8's own
+// error against bf16 (mean 0.28 on Mixtral); a wrong shard (a misplaced head, column or scale)
+// gives order one.
 void expect_tp_matches_one_rank(const std::string& dir) {
   const std::vector<int32_t> ids = prompt_ids(dir);
   for (const Quantization q : {Quantization::kNone, Quantization::kQuarkInt4Fp8Moe}) {
@@ -73,6 +75,65 @@ void expect_tp_matches_one_rank(const std::string& dir) {
 
 TEST(TensorParallel, TinyMixtralMatchesOneRank) { expect_tp_matches_one_rank(kMixtral); }
 TEST(TensorParallel, TinyGrok1MatchesOneRank) { expect_tp_matches_one_rank(kGrok1); }
+
+// W4A8 experts with BF16 attention: the down projection's FP8 input scale per row comes from the
+// row's amax over all ranks (MoeParams::communicator), so each rank quantizes its slice exactly as
+// one rank quantizes the whole row, and tp N equals tp 1 up to fp32 summation order. Measured worst
+// / mean: Grok-1 3.3e-7 / 2.6e-7; Mixtral 5.6e-3 / 1.9e-4 (one position, where the summation order
+// of the attention all-reduce moves one FP8 code of the experts' input across a rounding boundary;
+// the others ~1e-6). Without the shared amax (each rank's slice amax): worst 0.17-0.37, mean 0.04-0.05.
+void expect_w4a8_experts_exact(const std::string& dir) {
+  const std::vector<int32_t> ids = prompt_ids(dir);
+  const ModelConfig c = load_model_config(dir);
+  CpuOps ops;
+  ModelWeights w = load_weights(Checkpoint::open(dir), c, Quantization::kQuarkInt4Fp8Moe, ops);
+  const ModelWeights bf16 = load_weights(Checkpoint::open(dir), c, Quantization::kNone, ops);
+  for (std::size_t i = 0; i < w.layers.size(); ++i) w.layers[i].attention = bf16.layers[i].attention;
+  ASSERT_EQ(w.layers[0].moe.experts.format, WeightFormat::kInt4);
+  Model one(c, w, ops);
+  const Tensor ref = full_logits(one, ids, KvCacheDType::kBf16);
+  const auto greedy = generate(one, ids, 16, {}, KvCacheDType::kBf16, {});
+  for (const int n : {2, 4}) {
+    std::vector<std::unique_ptr<Ops>> peers;
+    for (int r = 1; r < n; ++r) peers.push_back(std::make_unique<CpuOps>());
+    TensorParallelModel tp(c, w, ops, std::move(peers), make_thread_communicators(n));
+    const Comparison cmp = compare(ref, full_logits(tp, ids, KvCacheDType::kBf16));
+    std::cout << dir << " INT4 experts, bf16 attention --tp-size " << n << " vs 1: worst relative L2 "
+              << cmp.worst << ", mean " << cmp.mean << "\n";
+    EXPECT_LE(cmp.mean, 1e-3) << "tp " << n;
+    EXPECT_LE(cmp.worst, 1e-2) << "tp " << n;
+    EXPECT_EQ(cmp.argmax_diff, 0) << "tp " << n;
+    EXPECT_EQ(generate(tp, ids, 16, {}, KvCacheDType::kBf16, {}), greedy) << "tp " << n;
+  }
+}
+
+// The GPU's precision on the CPU (Bf16ActivationOps: every activation rounded to BF16): each rank's
+// o_proj and MoE output is rounded to BF16 before the sum, where one rank rounds the whole sum
+// once, so tp 2 differs from tp 1 by BF16 rounding (~1e-2 after a few layers), not fp32 order.
+// This is what CUDA tp 2 vs tp 1 can reach for bf16 (tests/cuda/test_cuda_tp.cc uses the same
+// bound). Measured worst / mean: Mixtral 1.1e-2 / 8.2e-3, Grok-1 1.7e-2 / 9.6e-3; argmax equal.
+void expect_bf16_activations_within_rounding(const std::string& dir) {
+  const std::vector<int32_t> ids = prompt_ids(dir);
+  const ModelConfig c = load_model_config(dir);
+  Bf16ActivationOps ops;
+  const ModelWeights w = load_weights(Checkpoint::open(dir), c, Quantization::kNone, ops);
+  Model one(c, w, ops);
+  const Tensor ref = full_logits(one, ids, KvCacheDType::kBf16);
+  std::vector<std::unique_ptr<Ops>> peers;
+  peers.push_back(std::make_unique<Bf16ActivationOps>());
+  TensorParallelModel tp(c, w, ops, std::move(peers), make_thread_communicators(2));
+  const Comparison cmp = compare(ref, full_logits(tp, ids, KvCacheDType::kBf16));
+  std::cout << dir << " BF16 activations --tp-size 2 vs 1: worst relative L2 " << cmp.worst << ", mean "
+            << cmp.mean << "\n";
+  EXPECT_LE(cmp.worst, 3e-2);
+  EXPECT_EQ(cmp.argmax_diff, 0);
+}
+
+TEST(TensorParallel, TinyMixtralBf16ActivationsWithinRounding) { expect_bf16_activations_within_rounding(kMixtral); }
+TEST(TensorParallel, TinyGrok1Bf16ActivationsWithinRounding) { expect_bf16_activations_within_rounding(kGrok1); }
+
+TEST(TensorParallel, TinyMixtralW4A8ExpertsExact) { expect_w4a8_experts_exact(kMixtral); }
+TEST(TensorParallel, TinyGrok1W4A8ExpertsExact) { expect_w4a8_experts_exact(kGrok1); }
 
 // Bytes of row `row` of a 2-D tensor, columns [begin, end) of its stored elements.
 std::vector<char> row_bytes(const Tensor& t, int64_t row, int64_t begin, int64_t end) {
@@ -166,6 +227,89 @@ TEST(TensorParallel, FailingRankAbortsTheGroup) {
   comms[0]->abort();
   peer.join();
   EXPECT_NE(error.find("another rank failed"), std::string::npos) << error;
+}
+
+TEST(TensorParallel, ThreadAllReduceMax) {
+  auto comms = make_thread_communicators(3);
+  std::vector<Tensor> xs;
+  const float values[3][3] = {{1.0f, -5.0f, 0.0f}, {7.0f, -6.0f, 0.0f}, {2.0f, -4.5f, 3.0f}};
+  for (int r = 0; r < 3; ++r) {
+    xs.push_back(Tensor::zeros(DType::kF32, {3}));
+    std::copy_n(values[r], 3, xs[r].data<float>());
+  }
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 3; ++r) threads.emplace_back([&, r] { comms[r]->all_reduce_max(xs[r]); });
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_EQ(xs[r].data<float>()[0], 7.0f);
+    EXPECT_EQ(xs[r].data<float>()[1], -4.5f);
+    EXPECT_EQ(xs[r].data<float>()[2], 3.0f);
+  }
+}
+
+// CpuOps whose MoE fails: a rank that breaks in the middle of a step.
+class FailingMoeOps final : public Ops {
+ public:
+  Device device() const override { return cpu_.device(); }
+  DType activation_dtype() const override { return cpu_.activation_dtype(); }
+  Tensor empty(DType dtype, Shape shape) override { return cpu_.empty(dtype, std::move(shape)); }
+  Tensor upload(const Tensor& host) override { return cpu_.upload(host); }
+  Tensor download(const Tensor& t) override { return cpu_.download(t); }
+  MemoryInfo memory_info() const override { return cpu_.memory_info(); }
+  void embedding(const Tensor& ids, const Tensor& table, Tensor& out) override { cpu_.embedding(ids, table, out); }
+  void rms_norm(const Tensor& x, const Tensor& w, float eps, Tensor& out) override { cpu_.rms_norm(x, w, eps, out); }
+  void add(Tensor& x, const Tensor& y) override { cpu_.add(x, y); }
+  void scale(Tensor& x, float factor) override { cpu_.scale(x, factor); }
+  void linear(const Tensor& x, const Linear& w, Tensor& out) override { cpu_.linear(x, w, out); }
+  void logits(const Tensor& x, const Tensor& rows, const Linear& w, Tensor& out) override {
+    cpu_.logits(x, rows, w, out);
+  }
+  void rope(Tensor& qkv, const Tensor& positions, const AttentionParams& p, double theta) override {
+    cpu_.rope(qkv, positions, p, theta);
+  }
+  void attention(const Tensor& qkv, KvCacheLayer& cache, KvCacheDType dtype, const ForwardBatch& batch,
+                 const AttentionParams& p, Tensor& out) override {
+    cpu_.attention(qkv, cache, dtype, batch, p, out);
+  }
+  void moe(const Tensor&, const MoeWeights&, const MoeParams&, Tensor&) override { fail("rank 1's MoE broke"); }
+
+ private:
+  CpuOps cpu_;
+};
+
+// A rank that fails mid-step ends the step on every rank with its error (rank 0 waits in the
+// all-reduce after the MoE that rank 1 never reaches), and the group refuses later steps.
+TEST(TensorParallel, FailingRankEndsTheStep) {
+  const ModelConfig c = load_model_config(kMixtral);
+  CpuOps ops;
+  const ModelWeights w = load_weights(Checkpoint::open(kMixtral), c, Quantization::kNone, ops);
+  std::vector<std::unique_ptr<Ops>> peers;
+  peers.push_back(std::make_unique<FailingMoeOps>());
+  TensorParallelModel tp(c, w, ops, std::move(peers), make_thread_communicators(2));
+  const std::vector<int32_t> ids = prompt_ids(kMixtral);
+  expect_error([&] { full_logits(tp, ids, KvCacheDType::kBf16); }, "rank 1's MoE broke");
+  expect_error([&] { full_logits(tp, ids, KvCacheDType::kBf16); }, "a rank failed in an earlier step");
+}
+
+// A rank that fails while it is made ends the construction with its error, not a hang, and every
+// rank's partial state is released.
+TEST(TensorParallel, FailingRankSetupEndsTheGroup) {
+  const ModelConfig c = load_model_config(kMixtral);
+  CpuOps ops;
+  const ModelWeights w = load_weights(Checkpoint::open(kMixtral), c, Quantization::kNone, ops);
+  auto comms = make_thread_communicators(2);
+  const TpSetup setup{
+      .size = 2,
+      .enter = {},
+      .make_ops = [](int) -> std::unique_ptr<Ops> { return std::make_unique<CpuOps>(); },
+      .make_communicator = [&](int rank) { return std::move(comms[static_cast<std::size_t>(rank)]); },
+      .make_weights = [&](int rank, const ModelConfig&, Ops& rank_ops) {
+        check(rank != 1, "rank 1 has no device");
+        return place_shard(w, c, rank, 2, rank_ops);
+      },
+      .synchronize = {},
+      .abort = {}};
+  expect_error([&] { TensorParallelModel tp(c, setup, ops); }, "rank 1 has no device");
 }
 
 TEST(TensorParallel, ThreadAllReduceSumsInRankOrder) {

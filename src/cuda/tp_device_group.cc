@@ -1,0 +1,37 @@
+// One GPU per tensor-parallel rank: device selection, CudaOps and NCCL communicators per rank thread.
+#include "cuda/tp_device_group.h"
+
+#include "cuda/cuda_check.h"
+#include "cuda/cuda_ops.h"
+#include "cuda/device.h"
+#include "cuda/nccl_communicator.h"
+
+namespace nibble::cuda {
+
+void check_gpu_count(int tp_size) {
+  const int visible = device_count();
+  check(visible >= tp_size, "--tp-size ", tp_size, " needs ", tp_size, " GPUs, ", visible, " visible");
+}
+
+std::unique_ptr<TensorParallelModel> make_cuda_tp_model(const ModelConfig& whole, int tp_size, Ops& rank0_ops,
+                                                        const RankWeights& weights) {
+  check_gpu_count(tp_size);
+  check(rank0_ops.device() == Device::kCuda, "tensor parallel on CUDA: rank 0's backend is not CUDA");
+  int device = -1;
+  cuda_check(cudaGetDevice(&device));
+  check(device == 0, "tensor parallel on CUDA: rank 0 must run on device 0, this thread is on device ", device);
+  auto group = std::make_shared<NcclGroup>(tp_size);
+  const TpSetup setup{
+      .size = tp_size,
+      .enter = [](int rank) { cuda_check(cudaSetDevice(rank)); },
+      .make_ops = [](int) -> std::unique_ptr<Ops> { return std::make_unique<CudaOps>(); },
+      .make_communicator = [group](int rank) -> std::unique_ptr<Communicator> {
+        return std::make_unique<NcclCommunicator>(group, rank, compute_stream());
+      },
+      .make_weights = weights,
+      .synchronize = [](int) { cuda_check(cudaStreamSynchronize(compute_stream())); },
+      .abort = [group] { group->abort(); }};
+  return std::make_unique<TensorParallelModel>(whole, setup, rank0_ops);
+}
+
+}  // namespace nibble::cuda
