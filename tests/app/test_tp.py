@@ -2,7 +2,9 @@
 """`nibble logits` and `nibble generate` with --tp-size N on the CPU (N ranks as threads) against
 --tp-size 1 on the tiny Mixtral and Grok-1 fixtures (bf16: relative L2 ≤ 1e-3, same greedy text; W4A8:
 within its per-rank activation-quantization noise), and the
-clear errors for a rank count that does not split the model.
+clear errors for a rank count that does not split the model. On a machine with 2 GPUs the same on
+--device cuda (one GPU per rank over NCCL; bf16 within BF16 rounding, 3e-2); anywhere, --tp-size
+beyond the visible GPUs ends at once with a clear error (no hang).
 
 Usage: test_tp.py PATH_TO_NIBBLE   (from the repository root; standard library only)
 """
@@ -40,12 +42,25 @@ def rel_l2(ref, got):
     return math.sqrt(num / sum(a * a for a in ref))
 
 
+def visible_gpus():
+    """GPUs nvidia-smi lists (0 without a driver); CUDA_VISIBLE_DEVICES narrows them as for nibble."""
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return 0
+    count = sum(1 for line in out.splitlines() if line.startswith("GPU "))
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        count = min(count, len([d for d in visible.split(",") if d.strip()]))
+    return count
+
+
 class TensorParallel(unittest.TestCase):
-    def logits(self, model, tp, quantization):
+    def logits(self, model, tp, quantization, device="cpu"):
         ids = ",".join(map(str, json.loads((FIXTURES / f"{model}-reference.json").read_text())["ids"]))
         with tempfile.TemporaryDirectory() as tmp:
             out = pathlib.Path(tmp) / "logits.npy"
-            r = run("logits", "--model-path", FIXTURES / model, "--ids", ids, "--out", out, "--device", "cpu",
+            r = run("logits", "--model-path", FIXTURES / model, "--ids", ids, "--out", out, "--device", device,
                     "--tp-size", tp, "--quantization", quantization)
             self.assertEqual(r.returncode, 0, r.stderr)
             return read_npy_f32(out)
@@ -71,6 +86,43 @@ class TensorParallel(unittest.TestCase):
             self.assertEqual(r.returncode, 0, r.stderr)
             texts.append(r.stdout)
         self.assertEqual(texts[0], texts[1])
+
+    @unittest.skipUnless(visible_gpus() >= 2, "fewer than 2 GPUs")
+    def test_cuda_logits_tp2_equal_tp1(self):
+        for model in ("tiny-mixtral", "tiny-grok1"):
+            for quantization in ("none", "quark_int4fp8_moe"):
+                one = self.logits(model, 1, quantization, "cuda")
+                two = self.logits(model, 2, quantization, "cuda")
+                errors = [rel_l2(a, b) for a, b in zip(one, two)]
+                worst, mean = max(errors), sum(errors) / len(errors)
+                print(f"{model} {quantization} cuda: --tp-size 2 vs 1 relative L2 worst {worst:.2e}, mean {mean:.2e}")
+                if quantization == "none":  # BF16 rounding of each rank's partial sums: test_cuda_tp.cc
+                    self.assertLessEqual(worst, 3e-2, model)
+                else:
+                    self.assertLessEqual(mean, 0.2, model)
+
+    @unittest.skipUnless(visible_gpus() >= 2, "fewer than 2 GPUs")
+    def test_cuda_generate_tp2_equals_tp1(self):
+        texts = []
+        for tp in (1, 2):
+            r = run("generate", "--model-path", FIXTURES / "tiny-mixtral", "--prompt", "Question:",
+                    "--max-new-tokens", 12, "--ignore-eos", "--device", "cuda", "--tp-size", tp)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            texts.append(r.stdout)
+        self.assertEqual(texts[0], texts[1])
+
+    @unittest.skipIf(visible_gpus() >= 8, "8 or more GPUs: no rank count of Grok-1 exceeds them")
+    def test_more_ranks_than_gpus_fails_clearly(self):
+        gpus = visible_gpus()
+        tp = 2 if gpus < 2 else 4 if gpus < 4 else 8
+        r = run("logits", "--model-path", "configs/grok-1", "--load-format", "dummy", "--ids", "1,2",
+                "--out", "x.npy", "--device", "cuda", "--tp-size", tp)
+        self.assertEqual(r.returncode, 1, r.stderr)
+        self.assertIn("nibble: error:", r.stderr)
+        # A CUDA build with NCCL counts the GPUs; a build without CUDA or NCCL says so.
+        self.assertTrue(f"--tp-size {tp} needs {tp} GPUs, {gpus} visible" in r.stderr or "has no NCCL" in r.stderr
+                        or "has no CUDA backend" in r.stderr, r.stderr)
+        self.assertNotIn("Traceback", r.stderr)
 
     def test_rank_count_that_does_not_split_fails_clearly(self):
         r = run("logits", "--model-path", FIXTURES / "tiny-mixtral", "--ids", "1,2", "--out", "x.npy",
