@@ -1,5 +1,5 @@
 // Weighted combine: out[t] (BF16) = Σ_k weight[t, k] · Σ_split down[split][row_pos[t, k]]; and the
-// prefill path's chunked form with the activation and weight scales applied here.
+// prefill path's windowed form with the activation and weight scales applied here.
 #include <cuda_bf16.h>
 
 #include "cuda/cuda_check.h"
@@ -29,7 +29,7 @@ __global__ void combine_kernel(const __grid_constant__ CombineArgs p) {
   out[1] = __floats2bfloat162_rn(sum.z, sum.w);
 }
 
-// Elements i .. i + 3 of the chunk's product (F32 or BF16).
+// Elements i .. i + 3 of the window's product (F32 or BF16).
 __device__ inline float4 load4(const CombineRowsArgs& p, int64_t i) {
   if (p.down != nullptr) return *reinterpret_cast<const float4*>(p.down + i);
   const uint2 v = *reinterpret_cast<const uint2*>(static_cast<const __nv_bfloat16*>(p.down_bf16) + i);
@@ -38,7 +38,7 @@ __device__ inline float4 load4(const CombineRowsArgs& p, int64_t i) {
   return {lo.x, lo.y, hi.x, hi.y};
 }
 
-// Grid (T, H / 512) like combine_kernel; only the pairs whose padded row lies in this chunk count.
+// Grid (T, H / 512) like combine_kernel; only the pairs whose padded row lies in this window count.
 __global__ void combine_rows_kernel(const __grid_constant__ CombineRowsArgs p) {
   const int64_t t = blockIdx.x;
   const int64_t h4 = static_cast<int64_t>(blockIdx.y) * kThreads + threadIdx.x;  // column / 4
@@ -55,15 +55,17 @@ __global__ void combine_rows_kernel(const __grid_constant__ CombineRowsArgs p) {
     const float4 c = reinterpret_cast<const float4*>(p.channel_scale + e * p.hidden)[h4];
     sum = {sum.x + w * (c.x * y.x), sum.y + w * (c.y * y.y), sum.z + w * (c.z * y.z), sum.w + w * (c.w * y.w)};
   }
-  auto* acc = reinterpret_cast<float4*>(p.acc + t * p.hidden) + h4;
-  if (p.pass == CombinePass::kMiddle || p.pass == CombinePass::kLast) {
-    if (!hit && p.pass == CombinePass::kMiddle) return;
-    const float4 a = *acc;
-    sum = {a.x + sum.x, a.y + sum.y, a.z + sum.z, a.w + sum.w};
-  }
-  if (p.pass == CombinePass::kFirst || p.pass == CombinePass::kMiddle) {
-    *acc = sum;
-    return;
+  if (p.pass != CombinePass::kOnly) {
+    auto* acc = reinterpret_cast<float4*>(p.acc + t * p.hidden) + h4;
+    if (p.pass == CombinePass::kMiddle || p.pass == CombinePass::kLast) {
+      if (!hit && p.pass == CombinePass::kMiddle) return;
+      const float4 a = *acc;
+      sum = {a.x + sum.x, a.y + sum.y, a.z + sum.z, a.w + sum.w};
+    }
+    if (p.pass != CombinePass::kLast) {
+      *acc = sum;
+      return;
+    }
   }
   auto* out = reinterpret_cast<__nv_bfloat162*>(static_cast<__nv_bfloat16*>(p.out) + t * p.hidden + 4 * h4);
   out[0] = __floats2bfloat162_rn(sum.x, sum.y);

@@ -1,5 +1,5 @@
 // The last step of the MoE layer: expert outputs back to token order, weighted by the router (the
-// decode path's already scaled split sums, or the prefill path's unscaled chunks).
+// decode path's already scaled split sums, or the prefill path's unscaled products).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -22,23 +22,23 @@ struct CombineArgs {
 
 void moe_combine(const CombineArgs& args, cudaStream_t stream);
 
-// The prefill path's combine, one pass per chunk of padded rows [row_begin, row_end): the unscaled
+// The prefill path's combine, one pass per window of padded rows [row_begin, row_end): the unscaled
 // down product of those rows is scaled by row_scale[row] · channel_scale[expert][h], weighted by the
-// router and added up per token. Passes over one call's chunks, in order: kOnly when there is one
-// chunk; else kFirst (acc = this chunk's part, every token), kMiddle (acc += it, tokens with a row
+// router and added up per token. Passes over one call's windows, in order: kOnly when there is one
+// window; else kFirst (acc = this window's part, every token), kMiddle (acc += it, tokens with a row
 // here), kLast (out = bf16(acc + it), every token). A token's terms are added in a fixed order
-// (chunk, then k), so the result does not depend on scheduling.
+// (window, then k), so the result does not depend on scheduling.
 enum class CombinePass : uint8_t { kOnly, kFirst, kMiddle, kLast };
 
 struct CombineRowsArgs {
-  const float* down;           // (row_end - row_begin, H): unscaled product of padded rows row_begin..
+  const float* down;           // (row_end - row_begin, H): unscaled product of the window's rows
   const void* down_bf16;       // the same in BF16, read when `down` is null
   const float* row_scale;      // (row_end - row_begin)
   const float* channel_scale;  // (E, H)
   const int32_t* pair_row;     // (T·K): padded row of pair t·K + k
   const int32_t* topk_ids;     // (T, K)
   const float* topk_weights;   // (T, K)
-  float* acc;                  // (T, H) running sums over chunks (unused by kOnly)
+  float* acc;                  // (T, H) running sums over windows (unused by kOnly)
   void* out;                   // BF16 (T, H), written by kOnly and kLast
   int64_t row_begin;
   int64_t row_end;

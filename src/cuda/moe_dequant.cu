@@ -1,6 +1,6 @@
 // Repacked INT4 / FP8 expert weights -> plain FP8 e4m3 (N, K) row-major (moe_dequant.h). One thread
-// per lane of a (16-row tile, 64-wide K block): it reads the lane's 16 (INT4) or 32 (FP8) bytes with
-// wide loads and writes 4-byte pieces of the rows they hold.
+// per lane of a (16-row tile, 64-wide K block): it reads the lane's 16 (INT4) or 32 (FP8) bytes
+// with wide loads and writes 4-byte pieces of the rows they hold.
 #include <algorithm>
 
 #include "cuda/cuda_check.h"
@@ -19,12 +19,14 @@ __device__ inline uint32_t e4m3_of_nibble(uint32_t u) {
 }
 
 // Lane (g = lane / 4, q = lane % 4) of tile t, K block kb: word j (s = j >> 1, h = j & 1) holds in
-// byte b the nibbles of rows 16t + g (low) and 16t + g + 8 (high), column 64kb + 32s + 16h + 4q + b.
+// byte b the nibbles of rows 16t + g (low) and 16t + g + 8 (high), column 64kb + 32s + 16h + 4q +
+// b.
 __global__ void dequant_int4_kernel(const __grid_constant__ DequantArgs a) {
   const int64_t lanes_per_expert = a.n * a.k / 32;  // 32 values (16 bytes) a lane
   const int64_t total = a.count * lanes_per_expert, kblocks = a.k / kGemmKBlock;
   const auto* src = static_cast<const uint4*>(a.weights) + a.first * lanes_per_expert;
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total; i += int64_t{gridDim.x} * blockDim.x) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total;
+       i += int64_t{gridDim.x} * blockDim.x) {
     const uint4 v = src[i];
     const uint32_t words[4] = {v.x, v.y, v.z, v.w};
     const int64_t e = i / lanes_per_expert, r = i % lanes_per_expert;
@@ -53,7 +55,8 @@ __global__ void dequant_fp8_kernel(const __grid_constant__ DequantArgs a) {
   const int64_t lanes_per_expert = a.n * a.k / 32;  // 32 values (32 bytes) a lane
   const int64_t total = a.count * lanes_per_expert, kblocks = a.k / kGemmKBlock;
   const auto* src = static_cast<const uint4*>(a.weights) + 2 * a.first * lanes_per_expert;
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total; i += int64_t{gridDim.x} * blockDim.x) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total;
+       i += int64_t{gridDim.x} * blockDim.x) {
     const uint4 v0 = src[2 * i], v1 = src[2 * i + 1];
     const uint32_t words[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
     const int64_t e = i / lanes_per_expert, r = i % lanes_per_expert;

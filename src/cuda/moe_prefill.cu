@@ -1,8 +1,9 @@
 // The MoE prefill path (moe_prefill.h): padded-row layout, expert groups that fit the weight
-// scratch, chunks of padded rows that fit the buffers, and per chunk: gather-quantize -> one cuBLASLt
-// gate_up GEMM per expert (F32) -> scaled SiLU·mul + FP8 quant -> one down GEMM per expert (BF16 or
-// F32) -> scaled combine. Each active expert is dequantized once a call; the per-expert GEMMs of a
-// chunk run on kPrefillStreams side streams.
+// scratch, chunks of padded rows that fit the buffers, and per chunk: gather-quantize -> one
+// cuBLASLt gate_up GEMM per expert (F32) -> scaled SiLU·mul + FP8 quant -> one down GEMM per expert
+// (BF16 or F32) into the window's down product; per window of chunks: scaled combine. Each active
+// expert is dequantized once a call; the per-expert GEMMs of a chunk run on kPrefillStreams side
+// streams.
 #include "cuda/moe_prefill.h"
 
 #include <algorithm>
@@ -20,7 +21,9 @@ namespace {
 
 constexpr std::size_t kLtScratchBytes = std::size_t{32} << 20;
 
-int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
+int64_t round_up(int64_t v, int64_t m) {
+  return (v + m - 1) / m * m;
+}
 
 // The most padded rows a call with `rows` routed pairs can have: each active expert pads < 16 rows.
 int64_t max_padded_rows(int64_t rows, int64_t experts) {
@@ -51,9 +54,10 @@ __global__ void padded_rows_kernel(const __grid_constant__ PaddedRowsArgs a) {
   a.row_expert[p] = e;
 }
 
-// A chunk of padded rows [begin, end) inside the padded rows of expert group `group`.
+// A chunk of padded rows [begin, end) inside the padded rows of expert group `group`, and the first
+// padded row of its window.
 struct Chunk {
-  int64_t group, begin, end;
+  int64_t group, begin, end, window_begin;
 };
 
 }  // namespace
@@ -62,13 +66,20 @@ bool moe_prefill_preferred(int64_t tokens, int64_t top_k, int64_t experts) {
   return tokens * top_k >= kPrefillMinRowsPerExpert * experts;
 }
 
-MoePrefillWorkspace::MoePrefillWorkspace(int64_t E, int64_t H, int64_t I, int64_t max_tokens, int64_t K,
-                                         const PrefillOptions& options) {
+MoePrefillWorkspace::MoePrefillWorkspace(int64_t E, int64_t H, int64_t I, int64_t max_tokens,
+                                         int64_t K, const PrefillOptions& options) {
   const int64_t rows = max_tokens * K, padded = max_padded_rows(rows, E);
   slots = std::clamp<int64_t>(options.weight_scratch_bytes / (3 * I * H), 1, E);
-  const int64_t widest_row = std::max(8 * I, 4 * H);  // bytes a row of the F32 gate_up / down chunk
-  chunk_rows = std::max(kPrefillRowQuantum, options.buffer_bytes / widest_row / kPrefillRowQuantum * kPrefillRowQuantum);
-  chunk_rows = std::min(chunk_rows, round_up(padded, kPrefillRowQuantum));
+  const int64_t all_rows = round_up(padded, kPrefillRowQuantum);
+  // The F32 gate_up product (8·I bytes a row) bounds a chunk; the down product a window.
+  chunk_rows = std::max(kPrefillRowQuantum,
+                        options.buffer_bytes / (8 * I) / kPrefillRowQuantum * kPrefillRowQuantum);
+  chunk_rows = std::min(chunk_rows, all_rows);
+  check(options.down_product == DType::kF32 || options.down_product == DType::kBF16,
+        "MoE prefill: the down product must be F32 or BF16");
+  const auto down_row_bytes = H * static_cast<int64_t>(dtype_size(options.down_product));
+  window_rows = options.down_bytes / down_row_bytes / kPrefillRowQuantum * kPrefillRowQuantum;
+  window_rows = std::min(std::max(window_rows, chunk_rows), all_rows);
   gate_up_weights = empty(DType::kF8E4M3, {slots, 2 * I, H});
   down_weights = empty(DType::kF8E4M3, {slots, H, I});
   padded_offsets = empty(DType::kI32, {E + 1});
@@ -80,11 +91,10 @@ MoePrefillWorkspace::MoePrefillWorkspace(int64_t E, int64_t H, int64_t I, int64_
   sums = empty(DType::kF32, {chunk_rows * std::max(H, I) / 64});
   gate_up = empty(DType::kF32, {chunk_rows, 2 * I});
   act_fp8 = empty(DType::kF8E4M3, {chunk_rows, I});
-  act_scale = empty(DType::kF32, {chunk_rows});
-  check(options.down_product == DType::kF32 || options.down_product == DType::kBF16,
-        "MoE prefill: the down product must be F32 or BF16");
-  down = empty(options.down_product, {chunk_rows, H});
-  acc = empty(DType::kF32, {max_tokens, H});
+  act_scale = empty(DType::kF32, {window_rows});
+  down = empty(options.down_product, {window_rows, H});
+  if (window_rows < all_rows)
+    acc = empty(DType::kF32, {max_tokens, H});  // else one window, no running sums
   lt_scratch = empty(DType::kU8, {kPrefillStreams * static_cast<int64_t>(kLtScratchBytes)});
   cublas_check(cublasLtCreate(&lt));
   for (cudaStream_t& s : streams) cuda_check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
@@ -104,26 +114,29 @@ MoePrefillWorkspace::~MoePrefillWorkspace() {
   if (host_offsets != nullptr) cudaFreeHost(host_offsets);
 }
 
-LtFp8Gemm& MoePrefillWorkspace::plan(int64_t out_features, int64_t rows, int64_t in_features, DType product) {
+LtFp8Gemm& MoePrefillWorkspace::plan(int64_t out_features, int64_t rows, int64_t in_features,
+                                     DType product) {
   auto& p = plans[{out_features, rows, in_features, product}];
-  if (!p) p = std::make_unique<LtFp8Gemm>(lt, out_features, rows, in_features, kLtScratchBytes, product);
+  if (!p)
+    p = std::make_unique<LtFp8Gemm>(lt, out_features, rows, in_features, kLtScratchBytes, product);
   return *p;
 }
 
-void moe_prefill(const Tensor& x, const MoeWeightsW4A8& w, const MoeParams& params, MoeWorkspace& ws, Tensor& out,
-                 cudaStream_t stream) {
+void moe_prefill(const Tensor& x, const MoeWeightsW4A8& w, const MoeParams& params,
+                 MoeWorkspace& ws, Tensor& out, cudaStream_t stream) {
   MoePrefillWorkspace& pf = *ws.prefill;
-  const int64_t T = x.dim(0), H = w.hidden_size, I = w.intermediate_size, E = w.num_experts, K = params.top_k;
-  check(T * K <= pf.pair_row.numel() && pf.padded_offsets.numel() == E + 1 && pf.x_fp8.dim(1) == H &&
-            pf.act_fp8.dim(1) == I,
+  const int64_t T = x.dim(0), H = w.hidden_size, I = w.intermediate_size, E = w.num_experts,
+                K = params.top_k;
+  check(T * K <= pf.pair_row.numel() && pf.padded_offsets.numel() == E + 1 &&
+            pf.x_fp8.dim(1) == H && pf.act_fp8.dim(1) == I,
         "moe_prefill: the workspace was made for other sizes");
 
   // The row count of every expert, on the host: the one synchronization of this eager path (GEMM
   // shapes are host arguments of cuBLASLt).
   int32_t* offsets = pf.host_offsets;
   int32_t* padded = pf.host_offsets + E + 1;
-  cuda_check(cudaMemcpyAsync(offsets, ws.expert_offsets.raw(), (E + 1) * sizeof(int32_t), cudaMemcpyDeviceToHost,
-                             stream));
+  cuda_check(cudaMemcpyAsync(offsets, ws.expert_offsets.raw(), (E + 1) * sizeof(int32_t),
+                             cudaMemcpyDeviceToHost, stream));
   cuda_check(cudaStreamSynchronize(stream));
   std::vector<int64_t> active;
   padded[0] = 0;
@@ -133,28 +146,47 @@ void moe_prefill(const Tensor& x, const MoeWeightsW4A8& w, const MoeParams& para
     if (count > 0) active.push_back(e);
   }
   const int64_t total_padded = padded[E];
-  check(total_padded <= pf.row_token.numel(), "moe_prefill: ", total_padded, " padded rows exceed the workspace");
-  cuda_check(cudaMemcpyAsync(pf.padded_offsets.raw(), padded, (E + 1) * sizeof(int32_t), cudaMemcpyHostToDevice,
-                             stream));
+  check(total_padded <= pf.row_token.numel(), "moe_prefill: ", total_padded,
+        " padded rows exceed the workspace");
+  cuda_check(cudaMemcpyAsync(pf.padded_offsets.raw(), padded, (E + 1) * sizeof(int32_t),
+                             cudaMemcpyHostToDevice, stream));
   cuda_check(cudaMemsetAsync(pf.row_token.raw(), 0xFF, total_padded * sizeof(int32_t), stream));
   cuda_check(cudaMemsetAsync(pf.row_expert.raw(), 0xFF, total_padded * sizeof(int32_t), stream));
-  const PaddedRowsArgs rows_args{.topk_ids = ws.topk_ids.data<int32_t>(), .row_pos = ws.row_pos.data<int32_t>(),
+  const PaddedRowsArgs rows_args{.topk_ids = ws.topk_ids.data<int32_t>(),
+                                 .row_pos = ws.row_pos.data<int32_t>(),
                                  .expert_offsets = ws.expert_offsets.data<int32_t>(),
                                  .padded_offsets = pf.padded_offsets.data<int32_t>(),
-                                 .pair_row = pf.pair_row.data<int32_t>(), .row_token = pf.row_token.data<int32_t>(),
-                                 .row_expert = pf.row_expert.data<int32_t>(), .pairs = T * K, .top_k = K};
+                                 .pair_row = pf.pair_row.data<int32_t>(),
+                                 .row_token = pf.row_token.data<int32_t>(),
+                                 .row_expert = pf.row_expert.data<int32_t>(),
+                                 .pairs = T * K,
+                                 .top_k = K};
   padded_rows_kernel<<<static_cast<unsigned>((T * K + 255) / 256), 256, 0, stream>>>(rows_args);
   cuda_check(cudaGetLastError());
 
-  // Expert groups (consecutive active experts, as many as the weight scratch holds) and their chunks.
+  // Expert groups (consecutive active experts, as many as the weight scratch holds) and their
+  // chunks.
   std::vector<Chunk> chunks;
   const auto groups = static_cast<int64_t>((active.size() + pf.slots - 1) / pf.slots);
   for (int64_t g = 0; g < groups; ++g) {
     const int64_t first = active[g * pf.slots];
-    const int64_t last = active[std::min<int64_t>((g + 1) * pf.slots, static_cast<int64_t>(active.size())) - 1];
+    const int64_t last =
+        active[std::min<int64_t>((g + 1) * pf.slots, static_cast<int64_t>(active.size())) - 1];
     for (int64_t begin = padded[first]; begin < padded[last + 1]; begin += pf.chunk_rows)
-      chunks.push_back({.group = g, .begin = begin, .end = std::min<int64_t>(begin + pf.chunk_rows, padded[last + 1])});
+      chunks.push_back({.group = g,
+                        .begin = begin,
+                        .end = std::min<int64_t>(begin + pf.chunk_rows, padded[last + 1]),
+                        .window_begin = begin});
   }
+  // Windows: runs of consecutive chunks (contiguous padded rows) within window_rows.
+  int64_t windows = 0;
+  for (std::size_t c = 0; c < chunks.size(); ++c) {
+    if (c > 0 && chunks[c].end - chunks[c - 1].window_begin <= pf.window_rows)
+      chunks[c].window_begin = chunks[c - 1].window_begin;
+    else
+      ++windows;
+  }
+  int64_t window = 0;  // index of the current chunk's window
 
   auto* gate_up_weights = pf.gate_up_weights.data<uint8_t>();
   auto* down_weights = pf.down_weights.data<uint8_t>();
@@ -164,40 +196,55 @@ void moe_prefill(const Tensor& x, const MoeWeightsW4A8& w, const MoeParams& para
     const auto group_begin = active.begin() + chunk.group * pf.slots;
     const auto group_end = active.begin() + std::min<int64_t>((chunk.group + 1) * pf.slots,
                                                               static_cast<int64_t>(active.size()));
-    if (chunk.group != loaded_group) {  // experts of the group -> slots 0.., one launch per run of ids
+    // A new group's experts -> slots 0.., one launch per run of consecutive ids.
+    if (chunk.group != loaded_group) {
       for (auto run = group_begin; run != group_end;) {
         auto run_end = run + 1;
         while (run_end != group_end && *run_end == *(run_end - 1) + 1) ++run_end;
         const int64_t slot = run - group_begin, count = run_end - run;
-        dequantize_experts_fp8({.format = w.format, .weights = w.gate_up.raw(),
-                                .out = gate_up_weights + slot * 2 * I * H, .first = *run, .count = count,
-                                .n = 2 * I, .k = H},
+        dequantize_experts_fp8({.format = w.format,
+                                .weights = w.gate_up.raw(),
+                                .out = gate_up_weights + slot * 2 * I * H,
+                                .first = *run,
+                                .count = count,
+                                .n = 2 * I,
+                                .k = H},
                                stream);
-        dequantize_experts_fp8({.format = w.format, .weights = w.down.raw(), .out = down_weights + slot * H * I,
-                                .first = *run, .count = count, .n = H, .k = I},
+        dequantize_experts_fp8({.format = w.format,
+                                .weights = w.down.raw(),
+                                .out = down_weights + slot * H * I,
+                                .first = *run,
+                                .count = count,
+                                .n = H,
+                                .k = I},
                                stream);
         run = run_end;
       }
       loaded_group = chunk.group;
     }
     const int64_t rows = chunk.end - chunk.begin;
-    quantize_rows_fp8({.x = x.raw(), .codes = pf.x_fp8.data<uint8_t>(), .scale = pf.x_scale.data<float>(),
-                       .sums = pf.sums.data<float>(), .rows = rows, .cols = H,
+    quantize_rows_fp8({.x = x.raw(),
+                       .codes = pf.x_fp8.data<uint8_t>(),
+                       .scale = pf.x_scale.data<float>(),
+                       .sums = pf.sums.data<float>(),
+                       .rows = rows,
+                       .cols = H,
                        .src_row = pf.row_token.data<int32_t>() + chunk.begin},
                       stream);
-    // Each expert's padded rows inside the chunk: [a, b), a multiple of 16 rows from the chunk start.
-    // Its GEMM runs on side stream i % kPrefillStreams (outputs are disjoint), forked from and joined
-    // back into `stream`.
+    // Each expert's padded rows inside the chunk: [a, b), a multiple of 16 rows from the chunk
+    // start. Its GEMM runs on side stream i % kPrefillStreams (outputs are disjoint), forked from
+    // and joined back into `stream`.
     auto for_each_expert = [&](auto gemm) {
       cuda_check(cudaEventRecord(pf.events[0], stream));
       for (cudaStream_t s : pf.streams) cuda_check(cudaStreamWaitEvent(s, pf.events[0], 0));
       int i = 0;
       for (auto it = group_begin; it != group_end; ++it) {
-        const int64_t e = *it, a = std::max<int64_t>(padded[e], chunk.begin), b = std::min<int64_t>(padded[e + 1], chunk.end);
+        const int64_t e = *it, a = std::max<int64_t>(padded[e], chunk.begin),
+                      b = std::min<int64_t>(padded[e + 1], chunk.end);
         if (a >= b) continue;
         const int s = i++ % kPrefillStreams;
-        gemm(it - group_begin, a - chunk.begin, b - a, pf.lt_scratch.data<uint8_t>() + s * kLtScratchBytes,
-             pf.streams[s]);
+        gemm(it - group_begin, a - chunk.begin, b - a,
+             pf.lt_scratch.data<uint8_t>() + s * kLtScratchBytes, pf.streams[s]);
       }
       for (int s = 0; s < kPrefillStreams; ++s) {
         cuda_check(cudaEventRecord(pf.events[1 + s], pf.streams[s]));
@@ -205,33 +252,54 @@ void moe_prefill(const Tensor& x, const MoeWeightsW4A8& w, const MoeParams& para
       }
     };
     for_each_expert([&](int64_t slot, int64_t row, int64_t n, void* scratch, cudaStream_t s) {
-      pf.plan(2 * I, n, H, DType::kF32).run(gate_up_weights + slot * 2 * I * H, pf.x_fp8.data<uint8_t>() + row * H,
-                               pf.gate_up.data<float>() + row * 2 * I, 1.0f, scratch, s);
+      pf.plan(2 * I, n, H, DType::kF32)
+          .run(gate_up_weights + slot * 2 * I * H, pf.x_fp8.data<uint8_t>() + row * H,
+               pf.gate_up.data<float>() + row * 2 * I, 1.0f, scratch, s);
     });
-    activation_quantize_fp8({.gate_up = pf.gate_up.data<float>(), .splits = 1, .max_rows = rows,
-                             .codes = pf.act_fp8.data<uint8_t>(), .scale = pf.act_scale.data<float>(),
-                             .sums = pf.sums.data<float>(), .rows = rows, .intermediate = I,
-                             .activation = params.activation, .row_scale = pf.x_scale.data<float>(),
+    const int64_t in_window = chunk.begin - chunk.window_begin;  // chunk's first row in the window
+    activation_quantize_fp8({.gate_up = pf.gate_up.data<float>(),
+                             .splits = 1,
+                             .max_rows = rows,
+                             .codes = pf.act_fp8.data<uint8_t>(),
+                             .scale = pf.act_scale.data<float>() + in_window,
+                             .sums = pf.sums.data<float>(),
+                             .rows = rows,
+                             .intermediate = I,
+                             .activation = params.activation,
+                             .row_scale = pf.x_scale.data<float>(),
                              .channel_scale = w.gate_up_scale.data<float>(),
                              .row_expert = pf.row_expert.data<int32_t>() + chunk.begin},
                             stream);
     for_each_expert([&](int64_t slot, int64_t row, int64_t n, void* scratch, cudaStream_t s) {
       pf.plan(H, n, I, pf.down.dtype())
           .run(down_weights + slot * H * I, pf.act_fp8.data<uint8_t>() + row * I,
-               static_cast<char*>(pf.down.raw()) + row * H * static_cast<int64_t>(dtype_size(pf.down.dtype())), 1.0f,
-               scratch, s);
+               static_cast<char*>(pf.down.raw()) +
+                   (in_window + row) * H * static_cast<int64_t>(dtype_size(pf.down.dtype())),
+               1.0f, scratch, s);
     });
-    const CombinePass pass = chunks.size() == 1 ? CombinePass::kOnly
-                             : c == 0           ? CombinePass::kFirst
-                             : c + 1 == chunks.size() ? CombinePass::kLast
-                                                      : CombinePass::kMiddle;
+    if (c + 1 < chunks.size() && chunks[c + 1].window_begin == chunk.window_begin) continue;
+    // The window's last chunk: its combine pass.
+    const CombinePass pass = windows == 1            ? CombinePass::kOnly
+                             : window == 0           ? CombinePass::kFirst
+                             : window + 1 == windows ? CombinePass::kLast
+                                                     : CombinePass::kMiddle;
+    ++window;
     const bool f32_down = pf.down.dtype() == DType::kF32;
     moe_combine_rows({.down = f32_down ? pf.down.data<float>() : nullptr,
-                      .down_bf16 = f32_down ? nullptr : pf.down.raw(), .row_scale = pf.act_scale.data<float>(),
-                      .channel_scale = w.down_scale.data<float>(), .pair_row = pf.pair_row.data<int32_t>(),
-                      .topk_ids = ws.topk_ids.data<int32_t>(), .topk_weights = ws.topk_weights.data<float>(),
-                      .acc = pf.acc.data<float>(), .out = out.raw(), .row_begin = chunk.begin, .row_end = chunk.end,
-                      .tokens = T, .top_k = K, .hidden = H, .pass = pass},
+                      .down_bf16 = f32_down ? nullptr : pf.down.raw(),
+                      .row_scale = pf.act_scale.data<float>(),
+                      .channel_scale = w.down_scale.data<float>(),
+                      .pair_row = pf.pair_row.data<int32_t>(),
+                      .topk_ids = ws.topk_ids.data<int32_t>(),
+                      .topk_weights = ws.topk_weights.data<float>(),
+                      .acc = pass == CombinePass::kOnly ? nullptr : pf.acc.data<float>(),
+                      .out = out.raw(),
+                      .row_begin = chunk.window_begin,
+                      .row_end = chunk.end,
+                      .tokens = T,
+                      .top_k = K,
+                      .hidden = H,
+                      .pass = pass},
                      stream);
   }
 }

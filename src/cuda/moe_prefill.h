@@ -23,8 +23,8 @@ namespace nibble::cuda {
 struct MoeWeightsW4A8;
 struct MoeWorkspace;
 
-// The prefill path pays when an expert's rows fill cuBLASLt tiles: T·K / E at or above this. A guess
-// to be tuned on the GPU against the decode kernel.
+// The prefill path pays when an expert's rows fill cuBLASLt tiles: T·K / E at or above this. A
+// guess to be tuned on the GPU against the decode kernel.
 inline constexpr int64_t kPrefillMinRowsPerExpert = 128;
 // Each expert's rows start at a multiple of this in the padded row space, so that every GEMM's
 // operands are 256-byte aligned and row counts (GEMM plans) come in steps of 16.
@@ -37,54 +37,61 @@ bool moe_prefill_preferred(int64_t tokens, int64_t top_k, int64_t experts);
 
 struct PrefillOptions {
   int64_t weight_scratch_bytes = int64_t{1} << 30;  // dequantized experts: slots × 3·I·H bytes
-  int64_t buffer_bytes = int64_t{2} << 30;          // the largest chunk buffer (F32 gate_up or down)
-  // The down GEMM's unscaled product: BF16 halves its traffic (DeepSeek at 32768 tokens: 15 -> 7.5 GB
-  // written and read) at the cost of one bf16 rounding (relative 2^-9) before the combine, the same
-  // as the output's own; F32 also works. The gate_up product stays F32: a bf16 rounding there would
-  // flip FP8 codes of the activations about 5× as often as the GEMMs' own summation order does.
+  int64_t buffer_bytes = int64_t{2} << 30;          // the F32 gate_up chunk buffer
+  // The down product of consecutive chunks (a "window") stays until the window's combine pass: one
+  // window for the whole call where it fits (BF16 at DeepSeek 32768 tokens: 3.8 GB), so that no
+  // per-token running sums go through memory.
+  int64_t down_bytes = int64_t{4} << 30;
+  // The down GEMM's unscaled product: BF16 halves its traffic (DeepSeek at 32768 tokens: 15 -> 7.5
+  // GB written and read) at the cost of one bf16 rounding (relative 2^-9) before the combine, the
+  // same as the output's own; F32 also works. The gate_up product stays F32: a bf16 rounding there
+  // would flip FP8 codes of the activations about 5× as often as the GEMMs' own summation order
+  // does.
   DType down_product = DType::kBF16;
 };
 
-// Rows are "padded rows": expert e's routed pairs at padded_offsets[e] .. + count, then padding up to
-// the next multiple of kPrefillRowQuantum. Chunk buffers hold chunk_rows consecutive padded rows.
+// Rows are "padded rows": expert e's routed pairs at padded_offsets[e] .. + count, then padding up
+// to the next multiple of kPrefillRowQuantum. Chunk buffers hold chunk_rows consecutive padded
+// rows; the down product and activation scales hold a window of consecutive chunks.
 struct MoePrefillWorkspace {
-  MoePrefillWorkspace(int64_t experts, int64_t hidden, int64_t inter, int64_t max_tokens, int64_t top_k,
-                      const PrefillOptions& options);
+  MoePrefillWorkspace(int64_t experts, int64_t hidden, int64_t inter, int64_t max_tokens,
+                      int64_t top_k, const PrefillOptions& options);
   ~MoePrefillWorkspace();
   MoePrefillWorkspace(const MoePrefillWorkspace&) = delete;
   MoePrefillWorkspace& operator=(const MoePrefillWorkspace&) = delete;
 
-  // The cached plan for D (rows, out_features) = B (rows, in_features) · A (out_features, in_features)ᵀ,
-  // D in `product` (F32 or BF16).
+  // The cached plan for D (rows, out_features) = B (rows, in_features) · A (out_features,
+  // in_features)ᵀ, D in `product` (F32 or BF16).
   LtFp8Gemm& plan(int64_t out_features, int64_t rows, int64_t in_features, DType product);
 
-  int64_t slots = 0;       // experts the weight scratch holds
-  int64_t chunk_rows = 0;  // padded rows a chunk buffer holds, a multiple of kPrefillRowQuantum
-  Tensor gate_up_weights;  // F8_E4M3 (slots, 2I, H) row-major
-  Tensor down_weights;     // F8_E4M3 (slots, H, I) row-major
-  Tensor padded_offsets;   // I32 (E + 1)
-  Tensor row_token;        // I32 (max padded rows): token of each padded row, -1 for padding
-  Tensor row_expert;       // I32 (max padded rows): expert of each padded row, -1 for padding
-  Tensor pair_row;         // I32 (T·K): padded row of pair t·K + k
-  Tensor x_fp8;            // F8_E4M3 (chunk_rows, H)
-  Tensor x_scale;          // F32 (chunk_rows)
-  Tensor sums;             // F32 (chunk_rows · max(H, I) / 64): written by the quantizers, not read
-  Tensor gate_up;          // F32 (chunk_rows, 2I) unscaled
-  Tensor act_fp8;          // F8_E4M3 (chunk_rows, I)
-  Tensor act_scale;        // F32 (chunk_rows)
-  Tensor down;             // F32 or BF16 (options.down_product) (chunk_rows, H) unscaled
-  Tensor acc;              // F32 (T, H): per-token sums when a call takes several chunks
-  Tensor lt_scratch;       // U8 (kPrefillStreams, 32 MiB): cuBLASLt's workspace, one per side stream
+  int64_t slots = 0;        // experts the weight scratch holds
+  int64_t chunk_rows = 0;   // padded rows a chunk buffer holds, a multiple of kPrefillRowQuantum
+  int64_t window_rows = 0;  // padded rows the down product holds, at least chunk_rows
+  Tensor gate_up_weights;   // F8_E4M3 (slots, 2I, H) row-major
+  Tensor down_weights;      // F8_E4M3 (slots, H, I) row-major
+  Tensor padded_offsets;    // I32 (E + 1)
+  Tensor row_token;         // I32 (max padded rows): token of each padded row, -1 for padding
+  Tensor row_expert;        // I32 (max padded rows): expert of each padded row, -1 for padding
+  Tensor pair_row;          // I32 (T·K): padded row of pair t·K + k
+  Tensor x_fp8;             // F8_E4M3 (chunk_rows, H)
+  Tensor x_scale;           // F32 (chunk_rows)
+  Tensor sums;        // F32 (chunk_rows · max(H, I) / 64): written by the quantizers, not read
+  Tensor gate_up;     // F32 (chunk_rows, 2I) unscaled
+  Tensor act_fp8;     // F8_E4M3 (chunk_rows, I)
+  Tensor act_scale;   // F32 (window_rows)
+  Tensor down;        // F32 or BF16 (options.down_product) (window_rows, H) unscaled
+  Tensor acc;         // F32 (T, H): per-token sums when a call can take several windows, else none
+  Tensor lt_scratch;  // U8 (kPrefillStreams, 32 MiB): cuBLASLt's workspace, one per side stream
   cublasLtHandle_t lt = nullptr;
-  std::array<cudaStream_t, kPrefillStreams> streams{};  // non-blocking side streams
+  std::array<cudaStream_t, kPrefillStreams> streams{};    // non-blocking side streams
   std::array<cudaEvent_t, kPrefillStreams + 1> events{};  // [0] fork, [1 + i] join of streams[i]
   int32_t* host_offsets = nullptr;  // pinned (2·(E + 1)): expert offsets, then padded offsets
   std::map<std::tuple<int64_t, int64_t, int64_t, DType>, std::unique_ptr<LtFp8Gemm>> plans;
 };
 
-// The prefill path of moe_w4a8 (moe.h), after routing: ws.topk_ids, topk_weights, expert_offsets and
-// row_pos hold this call's routing; ws.prefill is made. Not inside a graph capture.
-void moe_prefill(const Tensor& x, const MoeWeightsW4A8& w, const MoeParams& params, MoeWorkspace& ws, Tensor& out,
-                 cudaStream_t stream);
+// The prefill path of moe_w4a8 (moe.h), after routing: ws.topk_ids, topk_weights, expert_offsets
+// and row_pos hold this call's routing; ws.prefill is made. Not inside a graph capture.
+void moe_prefill(const Tensor& x, const MoeWeightsW4A8& w, const MoeParams& params,
+                 MoeWorkspace& ws, Tensor& out, cudaStream_t stream);
 
 }  // namespace nibble::cuda

@@ -214,8 +214,9 @@ TEST_P(MoeLayer, MatchesCpuTwin) {
 }
 
 // Scratch small enough that the prefill path takes several expert groups (5 experts of 64 in the
-// weight scratch) and several row chunks per group (160 padded rows), so every combine pass (first,
-// middle, last) runs; with the down product in BF16 (the default) and in F32.
+// weight scratch), several row chunks per group (160 padded rows) and several combine windows (320
+// rows of BF16, 160 of F32), so every combine pass (first, middle, last) runs; with the down product
+// in BF16 (the default) and in F32.
 TEST(MoeLayerPrefill, ChunkedMatchesCpuTwin) {
   SKIP_WITHOUT_GPU();
   const int64_t E = 64, H = 512, I = 256, T = 1000, top_k = 8;
@@ -226,7 +227,8 @@ TEST(MoeLayerPrefill, ChunkedMatchesCpuTwin) {
                               .down = down.packed, .down_scale = down.scale}};
   for (const DType product : {DType::kBF16, DType::kF32}) {
     const cuda::PrefillOptions options{
-        .weight_scratch_bytes = 5 * 3 * I * H, .buffer_bytes = 160 * 8 * I, .down_product = product};
+        .weight_scratch_bytes = 5 * 3 * I * H, .buffer_bytes = 160 * 8 * I, .down_bytes = 320 * H * 2,
+        .down_product = product};
     const LayerErrors err = layer_error(host, {.top_k = top_k}, T, options);
     std::cout << "chunked prefill E=" << E << " H=" << H << " I=" << I << " T=" << T << " down product "
               << dtype_name(product) << ": ";
