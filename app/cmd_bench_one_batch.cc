@@ -204,7 +204,9 @@ int run_bench_one_batch(const Commands& c) {
   const RunResult r = run_once(runner, blocks, prompts, b.output_len, chunk);
   print_run(b, r);
 
-  // Figures, each decode step against its roofline.
+  // Figures, each decode step against its roofline. Under --tp-size N, `config` is rank 0's shard (its
+  // heads, KV heads and intermediate size): the bytes are what one GPU reads, over one GPU's copy
+  // bandwidth (GPU 0's, measured above); the replicated embedding, norms, routers and lm_head whole.
   const ModelShape shape = model_shape(config);
   const auto batch = static_cast<double>(b.batch_size);
   nlohmann::json steps = nlohmann::json::array();
@@ -237,6 +239,7 @@ int run_bench_one_batch(const Commands& c) {
       {"quantization", quantization_name(loaded.quantization)},
       {"kv_cache_dtype", loaded.kv_dtype == KvCacheDType::kFp8E4M3 ? "fp8_e4m3" : "bf16"},
       {"device", c.model.device},
+      {"tp_size", c.model.tp_size},
       {"batch_size", b.batch_size},
       {"input_len", b.input_len},
       {"output_len", b.output_len},
@@ -268,10 +271,10 @@ int run_bench_one_batch(const Commands& c) {
                 batch * static_cast<double>(seq_len) / total);
   std::cout << line;
   std::snprintf(line, sizeof line,
-                "Roofline. a decode step reads %s of weights (%.2f of %lld experts active per "
+                "Roofline. a decode step reads %s of weights%s (%.2f of %lld experts active per "
                 "layer) plus its KV "
                 "cache; %s bandwidth %.1f GB/s\n",
-                format_gb(first.weights).c_str(), first.active_experts,
+                format_gb(first.weights).c_str(), c.model.tp_size > 1 ? " per GPU" : "", first.active_experts,
                 static_cast<long long>(shape.num_experts), bandwidth.source.c_str(),
                 bandwidth.gb_per_s);
   std::cout << line;
