@@ -54,13 +54,39 @@ __global__ void padded_rows_kernel(const __grid_constant__ PaddedRowsArgs a) {
   a.row_expert[p] = e;
 }
 
-// A chunk of padded rows [begin, end) inside the padded rows of expert group `group`, and the first
-// padded row of its window.
-struct Chunk {
-  int64_t group, begin, end, window_begin;
-};
-
 }  // namespace
+
+PrefillPlan plan_prefill(const int32_t* offsets, int64_t E, int64_t slots, int64_t chunk_rows,
+                         int64_t window_rows) {
+  check(slots >= 1 && chunk_rows >= 1 && chunk_rows % kPrefillRowQuantum == 0 &&
+            window_rows >= chunk_rows,
+        "plan_prefill: bad scratch sizes");
+  PrefillPlan plan;
+  std::vector<int32_t>& padded = plan.padded_offsets;
+  padded.assign(E + 1, 0);
+  for (int64_t e = 0; e < E; ++e) {
+    const int32_t count = offsets[e + 1] - offsets[e];
+    padded[e + 1] = padded[e] + static_cast<int32_t>(round_up(count, kPrefillRowQuantum));
+    if (count > 0) plan.active.push_back(e);
+  }
+  const auto active = static_cast<int64_t>(plan.active.size());
+  for (int64_t g = 0; g * slots < active; ++g) {
+    const int64_t first = plan.active[g * slots];
+    const int64_t last = plan.active[std::min((g + 1) * slots, active) - 1];
+    for (int64_t begin = padded[first]; begin < padded[last + 1]; begin += chunk_rows)
+      plan.chunks.push_back({.group = g,
+                             .begin = begin,
+                             .end = std::min<int64_t>(begin + chunk_rows, padded[last + 1]),
+                             .window_begin = begin});
+  }
+  for (std::size_t c = 0; c < plan.chunks.size(); ++c) {
+    if (c > 0 && plan.chunks[c].end - plan.chunks[c - 1].window_begin <= window_rows)
+      plan.chunks[c].window_begin = plan.chunks[c - 1].window_begin;
+    else
+      ++plan.windows;
+  }
+  return plan;
+}
 
 bool moe_prefill_preferred(int64_t tokens, int64_t top_k, int64_t experts) {
   return tokens * top_k >= kPrefillMinRowsPerExpert * experts;
@@ -138,13 +164,10 @@ void moe_prefill(const Tensor& x, const MoeWeightsW4A8& w, const MoeParams& para
   cuda_check(cudaMemcpyAsync(offsets, ws.expert_offsets.raw(), (E + 1) * sizeof(int32_t),
                              cudaMemcpyDeviceToHost, stream));
   cuda_check(cudaStreamSynchronize(stream));
-  std::vector<int64_t> active;
-  padded[0] = 0;
-  for (int64_t e = 0; e < E; ++e) {
-    const int32_t count = offsets[e + 1] - offsets[e];
-    padded[e + 1] = padded[e] + static_cast<int32_t>(round_up(count, kPrefillRowQuantum));
-    if (count > 0) active.push_back(e);
-  }
+  const PrefillPlan plan = plan_prefill(offsets, E, pf.slots, pf.chunk_rows, pf.window_rows);
+  const std::vector<int64_t>& active = plan.active;
+  const std::vector<PrefillChunk>& chunks = plan.chunks;
+  std::copy(plan.padded_offsets.begin(), plan.padded_offsets.end(), padded);
   const int64_t total_padded = padded[E];
   check(total_padded <= pf.row_token.numel(), "moe_prefill: ", total_padded,
         " padded rows exceed the workspace");
@@ -164,35 +187,13 @@ void moe_prefill(const Tensor& x, const MoeWeightsW4A8& w, const MoeParams& para
   padded_rows_kernel<<<static_cast<unsigned>((T * K + 255) / 256), 256, 0, stream>>>(rows_args);
   cuda_check(cudaGetLastError());
 
-  // Expert groups (consecutive active experts, as many as the weight scratch holds) and their
-  // chunks.
-  std::vector<Chunk> chunks;
-  const auto groups = static_cast<int64_t>((active.size() + pf.slots - 1) / pf.slots);
-  for (int64_t g = 0; g < groups; ++g) {
-    const int64_t first = active[g * pf.slots];
-    const int64_t last =
-        active[std::min<int64_t>((g + 1) * pf.slots, static_cast<int64_t>(active.size())) - 1];
-    for (int64_t begin = padded[first]; begin < padded[last + 1]; begin += pf.chunk_rows)
-      chunks.push_back({.group = g,
-                        .begin = begin,
-                        .end = std::min<int64_t>(begin + pf.chunk_rows, padded[last + 1]),
-                        .window_begin = begin});
-  }
-  // Windows: runs of consecutive chunks (contiguous padded rows) within window_rows.
-  int64_t windows = 0;
-  for (std::size_t c = 0; c < chunks.size(); ++c) {
-    if (c > 0 && chunks[c].end - chunks[c - 1].window_begin <= pf.window_rows)
-      chunks[c].window_begin = chunks[c - 1].window_begin;
-    else
-      ++windows;
-  }
   int64_t window = 0;  // index of the current chunk's window
 
   auto* gate_up_weights = pf.gate_up_weights.data<uint8_t>();
   auto* down_weights = pf.down_weights.data<uint8_t>();
   int64_t loaded_group = -1;
   for (std::size_t c = 0; c < chunks.size(); ++c) {
-    const Chunk& chunk = chunks[c];
+    const PrefillChunk& chunk = chunks[c];
     const auto group_begin = active.begin() + chunk.group * pf.slots;
     const auto group_end = active.begin() + std::min<int64_t>((chunk.group + 1) * pf.slots,
                                                               static_cast<int64_t>(active.size()));
@@ -279,10 +280,10 @@ void moe_prefill(const Tensor& x, const MoeWeightsW4A8& w, const MoeParams& para
     });
     if (c + 1 < chunks.size() && chunks[c + 1].window_begin == chunk.window_begin) continue;
     // The window's last chunk: its combine pass.
-    const CombinePass pass = windows == 1            ? CombinePass::kOnly
-                             : window == 0           ? CombinePass::kFirst
-                             : window + 1 == windows ? CombinePass::kLast
-                                                     : CombinePass::kMiddle;
+    const CombinePass pass = plan.windows == 1            ? CombinePass::kOnly
+                             : window == 0                ? CombinePass::kFirst
+                             : window + 1 == plan.windows ? CombinePass::kLast
+                                                          : CombinePass::kMiddle;
     ++window;
     const bool f32_down = pf.down.dtype() == DType::kF32;
     moe_combine_rows({.down = f32_down ? pf.down.data<float>() : nullptr,

@@ -13,6 +13,7 @@
 #include <map>
 #include <memory>
 #include <tuple>
+#include <vector>
 
 #include "core/tensor.h"
 #include "cuda/lt_fp8_gemm.h"
@@ -88,6 +89,25 @@ struct MoePrefillWorkspace {
   int32_t* host_offsets = nullptr;  // pinned (2·(E + 1)): expert offsets, then padded offsets
   std::map<std::tuple<int64_t, int64_t, int64_t, DType>, std::unique_ptr<LtFp8Gemm>> plans;
 };
+
+// The host-side plan of one prefill call. Padded rows are contiguous over the active experts (in id
+// order); groups are runs of at most `slots` active experts, dequantized together; chunks split each
+// group's padded rows into pieces of at most chunk_rows (multiples of kPrefillRowQuantum); windows
+// are runs of consecutive chunks spanning at most window_rows.
+struct PrefillChunk {
+  int64_t group;         // index of the chunk's expert group
+  int64_t begin, end;    // its padded rows
+  int64_t window_begin;  // the first padded row of its window
+};
+struct PrefillPlan {
+  std::vector<int64_t> active;  // expert ids with rows, increasing; group g is [g·slots, (g+1)·slots)
+  std::vector<int32_t> padded_offsets;  // (E + 1)
+  std::vector<PrefillChunk> chunks;
+  int64_t windows = 0;
+};
+// expert_offsets: (E + 1) sorted rows of each expert (group_by_expert's output).
+PrefillPlan plan_prefill(const int32_t* expert_offsets, int64_t experts, int64_t slots,
+                         int64_t chunk_rows, int64_t window_rows);
 
 // The prefill path of moe_w4a8 (moe.h), after routing: ws.topk_ids, topk_weights, expert_offsets
 // and row_pos hold this call's routing; ws.prefill is made. Not inside a graph capture.

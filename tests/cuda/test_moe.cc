@@ -13,6 +13,7 @@
 #include "cpu/cpu_ops.h"
 #include "cuda/moe.h"
 #include "cuda/moe_dequant.h"
+#include "cuda/moe_prefill.h"
 #include "cuda/moe_gemm_w4a8.h"
 #include "gpu_test_util.h"
 #include "quant/fp8_quant.h"
@@ -236,6 +237,60 @@ TEST(MoeLayerPrefill, ChunkedMatchesCpuTwin) {
     EXPECT_LE(err.decode, 1e-2);
     EXPECT_LE(err.prefill, 1e-2);
     EXPECT_LE(err.between, 1e-2);
+  }
+}
+
+// The prefill path's host plan (no GPU needed): padded offsets, expert groups, chunks and windows
+// for random expert loads (some experts empty), checked against their definitions.
+TEST(MoePrefillPlan, CoversEveryRowOnceWithinTheLimits) {
+  std::mt19937 rng(17);
+  for (int trial = 0; trial < 200; ++trial) {
+    const int64_t E = 1 + static_cast<int64_t>(rng() % 300);
+    std::vector<int32_t> offsets{0};
+    for (int64_t e = 0; e < E; ++e) offsets.push_back(offsets.back() + (rng() % 3 == 0 ? 0 : rng() % 500));
+    if (offsets.back() == 0) offsets.back() = 1;  // at least one routed row
+    const int64_t slots = 1 + static_cast<int64_t>(rng() % 40);
+    const int64_t chunk_rows = cuda::kPrefillRowQuantum * (1 + static_cast<int64_t>(rng() % 64));
+    const int64_t window_rows = chunk_rows + static_cast<int64_t>(rng() % 3000);
+    const cuda::PrefillPlan plan = cuda::plan_prefill(offsets.data(), E, slots, chunk_rows, window_rows);
+    ASSERT_EQ(static_cast<int64_t>(plan.padded_offsets.size()), E + 1);
+    std::vector<int64_t> active;
+    for (int64_t e = 0; e < E; ++e) {
+      const int64_t count = offsets[e + 1] - offsets[e];
+      if (count > 0) active.push_back(e);
+      const int64_t padded = plan.padded_offsets[e + 1] - plan.padded_offsets[e];
+      ASSERT_EQ(padded % cuda::kPrefillRowQuantum, 0);
+      ASSERT_TRUE(padded >= count && padded < count + cuda::kPrefillRowQuantum);
+    }
+    ASSERT_EQ(plan.active, active);
+    ASSERT_FALSE(plan.chunks.empty());
+    int64_t windows = 0;
+    for (std::size_t c = 0; c < plan.chunks.size(); ++c) {
+      const cuda::PrefillChunk& chunk = plan.chunks[c];
+      const int64_t prev_end = c == 0 ? 0 : plan.chunks[c - 1].end;
+      ASSERT_EQ(chunk.begin, prev_end);  // contiguous from padded row 0
+      ASSERT_TRUE(chunk.end > chunk.begin && chunk.end - chunk.begin <= chunk_rows);
+      ASSERT_EQ(chunk.begin % cuda::kPrefillRowQuantum, 0);
+      // Inside its group's padded rows.
+      const int64_t first = active[chunk.group * slots];
+      const int64_t last = active[std::min<int64_t>((chunk.group + 1) * slots, std::ssize(active)) - 1];
+      ASSERT_TRUE(chunk.begin >= plan.padded_offsets[first] && chunk.end <= plan.padded_offsets[last + 1]);
+      if (c > 0) {
+        ASSERT_GE(chunk.group, plan.chunks[c - 1].group);
+      }
+      // Windows: spans within window_rows, and a new one only where the previous could not grow.
+      ASSERT_LE(chunk.end - chunk.window_begin, window_rows);
+      if (chunk.window_begin == chunk.begin) {
+        ++windows;
+        if (c > 0) {
+          ASSERT_GT(chunk.end - plan.chunks[c - 1].window_begin, window_rows);
+        }
+      } else {
+        ASSERT_EQ(chunk.window_begin, plan.chunks[c - 1].window_begin);
+      }
+    }
+    EXPECT_EQ(plan.chunks.back().end, plan.padded_offsets[E]);
+    EXPECT_EQ(plan.windows, windows);
   }
 }
 
