@@ -1,8 +1,9 @@
 // The MoE layer's prefill path (many tokens per expert): the active experts' weights dequantized
 // from the kernel layout to plain FP8 in a bounded scratch (moe_dequant.h), the routed activations
 // quantized to FP8 in expert-grouped order, one cuBLASLt FP8 GEMM per expert and matrix with an
-// unscaled F32 product, the scales applied by the consumers (activation_quantize_fp8 and
-// moe_combine_rows). Eager only: one host synchronization a call reads the rows of each expert.
+// unscaled product (F32 for gate_up, BF16 by default for down), the scales applied by the consumers
+// (activation_quantize_fp8 and moe_combine_rows). Eager only: one host synchronization a call reads
+// the rows of each expert. Not the decode path: a CUDA graph keeps the grouped INT4 kernel.
 #pragma once
 
 #include <cublasLt.h>
