@@ -111,8 +111,6 @@ void load_cuda_tp(const ModelConfig& config, const std::optional<Checkpoint>& ch
             << "tensor parallel: " << o.tp_size << " GPUs (NCCL, NVLS off), " << rank.num_attention_heads
             << " attention heads, " << rank.num_key_value_heads << " KV heads and intermediate size "
             << rank.intermediate_size << " each\n";
-  if (!o.disable_cuda_graph)
-    std::cerr << "tensor parallel: CUDA graphs are not used with --tp-size > 1 yet; decode steps run eagerly\n";
 }
 #endif
 

@@ -30,6 +30,13 @@ std::unique_ptr<TensorParallelModel> make_cuda_tp_model(const ModelConfig& whole
       },
       .make_weights = weights,
       .synchronize = [](int) { cuda_check(cudaStreamSynchronize(compute_stream())); },
+      // A peer-to-peer copy (unified addressing), captured into the peer's graph as a memcpy node.
+      .copy_from_rank0 =
+          [](const Tensor& src, Tensor& dst) {
+            check(src.nbytes() == dst.nbytes(), "tensor parallel: copying ", src.describe(), " into ", dst.describe());
+            cuda_check(cudaMemcpyAsync(dst.raw(), src.raw(), static_cast<std::size_t>(src.nbytes()), cudaMemcpyDefault,
+                                       compute_stream()));
+          },
       .abort = [group] { group->abort(); }};
   return std::make_unique<TensorParallelModel>(whole, setup, rank0_ops);
 }

@@ -1,7 +1,9 @@
 // `--device cuda --tp-size N`: a TensorParallelModel whose rank r runs on GPU r, on its own
 // persistent thread (which selects device r once and keeps it: its compute stream is per thread),
 // with its own CudaOps, weights made on its device, and an NCCL communicator; rank 0 runs on the
-// calling thread on device 0. Built with nibble_nccl (where CMake finds NCCL).
+// calling thread on device 0. Decode steps are recorded as one CUDA graph per rank (each with its
+// NCCL all-reduces; the peers' graphs copy their inputs from rank 0's over peer-to-peer copies).
+// Built with nibble_nccl (where CMake finds NCCL).
 #pragma once
 
 #include <functional>

@@ -23,7 +23,7 @@ std::vector<int64_t> buckets(int64_t max_batch) {
 DecodeGraphs::DecodeGraphs(Model& model, KvCache& cache, int64_t max_batch, int64_t max_blocks_per_seq,
                            int32_t pad_block)
     : model_(model), cache_(cache), max_blocks_per_seq_(max_blocks_per_seq), pad_block_(pad_block) {
-  // Probe once whether the model records at all (the CPU does not; nor, yet, a tensor-parallel group).
+  // Probe once whether the model records at all (the CPU does not).
   enabled_ = max_batch > 0 && model.record([] {}) != nullptr;
   if (!enabled_) return;
   for (int64_t b : buckets(max_batch)) graphs_.push_back({.batch = b, .inputs = {}, .logits = {}, .step = nullptr});

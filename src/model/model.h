@@ -33,7 +33,7 @@ class Model {
   virtual Tensor forward(const ForwardBatch& batch, KvCache& cache);
 
   // Records the device work `step` queues, for replay (CUDA graphs): the backend's Ops::record, or
-  // nullptr where the model cannot be recorded (the CPU; a tensor-parallel group, tensor_parallel.h).
+  // nullptr where the model cannot be recorded (the CPU). A tensor-parallel group records every rank.
   virtual std::unique_ptr<RecordedStep> record(const std::function<void()>& step);
 
   // One rank of a tensor-parallel group: this model holds the rank's shard (tensor_parallel.h), and

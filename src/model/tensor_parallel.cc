@@ -248,14 +248,17 @@ struct TensorParallelModel::Built {
 
 namespace {
 
+// The device tensors of a ForwardBatch.
+constexpr Tensor ForwardBatch::*kBatchTensors[] = {
+    &ForwardBatch::token_ids,    &ForwardBatch::positions,    &ForwardBatch::query_start, &ForwardBatch::seq_lens,
+    &ForwardBatch::block_tables, &ForwardBatch::slot_mapping, &ForwardBatch::logit_rows};
+
 // The batch's tensors on the host (downloaded from a device backend).
 ForwardBatch batch_on_host(const ForwardBatch& b, Ops& ops) {
   if (ops.device() == Device::kCpu) return b;
   const auto down = [&](const Tensor& t) { return t.defined() ? ops.download(t) : Tensor(); };
   ForwardBatch out = b;
-  for (Tensor ForwardBatch::*field : {&ForwardBatch::token_ids, &ForwardBatch::positions, &ForwardBatch::query_start,
-                                      &ForwardBatch::seq_lens, &ForwardBatch::block_tables,
-                                      &ForwardBatch::slot_mapping, &ForwardBatch::logit_rows})
+  for (Tensor ForwardBatch::*field : kBatchTensors)
     out.*field = down(b.*field);
   return out;
 }
@@ -265,9 +268,7 @@ ForwardBatch batch_on(const ForwardBatch& host, Ops& ops) {
   if (ops.device() == Device::kCpu) return host;
   const auto up = [&](const Tensor& t) { return t.defined() ? ops.upload(t) : Tensor(); };
   ForwardBatch out = host;
-  for (Tensor ForwardBatch::*field : {&ForwardBatch::token_ids, &ForwardBatch::positions, &ForwardBatch::query_start,
-                                      &ForwardBatch::seq_lens, &ForwardBatch::block_tables,
-                                      &ForwardBatch::slot_mapping, &ForwardBatch::logit_rows})
+  for (Tensor ForwardBatch::*field : kBatchTensors)
     out.*field = up(host.*field);
   return out;
 }
@@ -343,6 +344,7 @@ TensorParallelModel::TensorParallelModel(const ModelConfig& whole, const TpSetup
     : TensorParallelModel(whole, build(whole, setup, rank0_ops), rank0_ops) {
   size_ = setup.size;
   synchronize_ = setup.synchronize;
+  copy_from_rank0_ = setup.copy_from_rank0;
 }
 
 TensorParallelModel::TensorParallelModel(const ModelConfig& whole, Built built, Ops& rank0_ops)
@@ -428,8 +430,27 @@ Tensor TensorParallelModel::forward(const ForwardBatch& batch, KvCache& cache) {
   check((cache.layers.empty() ? nullptr : cache.layers[0].k.raw()) == cache_id_,
         "tensor parallel: forward on a KV cache other than the one allocated last (the ranks keep "
         "one cache at a time)");
-  const ForwardBatch host = batch_on_host(batch, ops());
   Tensor logits;
+  if (recording_) {  // inside rank 0's capture: no host copies, nothing waited for
+    for (const auto& step : recorded_peers_)
+      check(step == nullptr, "tensor parallel: a recorded step runs one forward");
+    run_all([&] { logits = Model::forward(batch, cache); },
+            [&](std::size_t p) {
+              Peer& peer = *group_->peers[p];
+              recorded_peers_[p] = peer.ops->record([&] {
+                ForwardBatch local = batch;  // the graph's own inputs, refreshed from rank 0's at each replay
+                for (Tensor ForwardBatch::*field : kBatchTensors)
+                  if ((batch.*field).defined()) {
+                    local.*field = peer.ops->empty((batch.*field).dtype(), (batch.*field).shape());
+                    copy_from_rank0_(batch.*field, local.*field);
+                  }
+                (void)peer.model->forward(local, peer.cache);
+              });
+              check(recorded_peers_[p] != nullptr, "tensor parallel: rank ", p + 1, " could not record its step");
+            });
+    return logits;
+  }
+  const ForwardBatch host = batch_on_host(batch, ops());
   run_all(
       [&] {
         logits = Model::forward(batch, cache);
@@ -444,6 +465,62 @@ Tensor TensorParallelModel::forward(const ForwardBatch& batch, KvCache& cache) {
   return logits;
 }
 
-std::unique_ptr<RecordedStep> TensorParallelModel::record(const std::function<void()>&) { return nullptr; }
+struct TensorParallelModel::Recorded final : RecordedStep {
+  Recorded(TensorParallelModel& m, std::unique_ptr<RecordedStep> r0, std::vector<std::unique_ptr<RecordedStep>> p)
+      : model(m), rank0(std::move(r0)), peers(std::move(p)) {}
+  ~Recorded() override { model.release(peers); }
+  void replay() override { model.replay(*this); }
+
+  TensorParallelModel& model;
+  std::unique_ptr<RecordedStep> rank0;
+  std::vector<std::unique_ptr<RecordedStep>> peers;  // null where the step ran no forward
+};
+
+void TensorParallelModel::release(std::vector<std::unique_ptr<RecordedStep>>& peer_steps) {
+  Group& g = *group_;
+  for (std::size_t p = 0; p < peer_steps.size() && p < g.threads.size(); ++p) {
+    (void)g.threads[p]->wait();
+    g.threads[p]->post([&, p] { peer_steps[p].reset(); });
+  }
+  for (auto& thread : g.threads) (void)thread->wait();
+}
+
+std::unique_ptr<RecordedStep> TensorParallelModel::record(const std::function<void()>& step) {
+  if (!copy_from_rank0_) return nullptr;
+  check(!failed_, "tensor parallel: a rank failed in an earlier step; the group cannot run again");
+  recorded_peers_.clear();
+  recorded_peers_.resize(group_->peers.size());
+  recording_ = true;
+  std::unique_ptr<RecordedStep> rank0;
+  try {
+    rank0 = Model::record(step);
+  } catch (...) {
+    recording_ = false;
+    release(recorded_peers_);
+    throw;
+  }
+  recording_ = false;
+  if (!rank0) {
+    release(recorded_peers_);
+    return nullptr;
+  }
+  return std::make_unique<Recorded>(*this, std::move(rank0), std::move(recorded_peers_));
+}
+
+void TensorParallelModel::replay(Recorded& r) {
+  // The peers' graphs copy their inputs from rank 0's tensors, which the caller refilled with copies
+  // queued on rank 0's stream: let them land first.
+  if (synchronize_) synchronize_(0);
+  run_all(
+      [&] {
+        r.rank0->replay();
+        if (synchronize_) synchronize_(0);
+      },
+      [&](std::size_t p) {
+        if (!r.peers[p]) return;
+        r.peers[p]->replay();
+        if (synchronize_) synchronize_(static_cast<int>(p) + 1);
+      });
+}
 
 }  // namespace nibble
