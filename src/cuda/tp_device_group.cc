@@ -20,16 +20,20 @@ std::unique_ptr<TensorParallelModel> make_cuda_tp_model(const ModelConfig& whole
   int device = -1;
   cuda_check(cudaGetDevice(&device));
   check(device == 0, "tensor parallel on CUDA: rank 0 must run on device 0, this thread is on device ", device);
+  // Rank 0's work goes to its CudaOps' stream whichever thread runs the steps later (serve's engine
+  // loop has a thread of its own); each peer's to its own thread's stream.
+  const cudaStream_t rank0_stream = dynamic_cast<CudaOps&>(rank0_ops).stream();
+  const auto stream_of = [rank0_stream](int rank) { return rank == 0 ? rank0_stream : compute_stream(); };
   auto group = std::make_shared<NcclGroup>(tp_size);
   const TpSetup setup{
       .size = tp_size,
       .enter = [](int rank) { cuda_check(cudaSetDevice(rank)); },
       .make_ops = [](int) -> std::unique_ptr<Ops> { return std::make_unique<CudaOps>(); },
-      .make_communicator = [group](int rank) -> std::unique_ptr<Communicator> {
-        return std::make_unique<NcclCommunicator>(group, rank, compute_stream());
+      .make_communicator = [group, stream_of](int rank) -> std::unique_ptr<Communicator> {
+        return std::make_unique<NcclCommunicator>(group, rank, stream_of(rank));
       },
       .make_weights = weights,
-      .synchronize = [](int) { cuda_check(cudaStreamSynchronize(compute_stream())); },
+      .synchronize = [stream_of](int rank) { cuda_check(cudaStreamSynchronize(stream_of(rank))); },
       // A peer-to-peer copy (unified addressing), captured into the peer's graph as a memcpy node.
       .copy_from_rank0 =
           [](const Tensor& src, Tensor& dst) {
