@@ -58,14 +58,35 @@ NcclCommunicator::NcclCommunicator(std::shared_ptr<NcclGroup> group, int rank, c
 
 NcclCommunicator::~NcclCommunicator() {
   NcclGroup::Slot& slot = *group_->slots_[static_cast<std::size_t>(rank_)];
-  std::lock_guard lock(slot.mutex);
-  if (slot.comm == nullptr) return;
-  // Destroy finalizes the communicator with the other ranks; every rank's destructor runs at once.
-  if (group_->aborted())
-    (void)ncclCommAbort(slot.comm);
-  else
-    (void)ncclCommDestroy(slot.comm);
-  slot.comm = nullptr;
+  // Finalize (with the other ranks: every rank's destructor runs at once), polling as the
+  // communicator is non-blocking; an abort of the group meanwhile ends the wait.
+  {
+    std::lock_guard lock(slot.mutex);
+    if (slot.comm == nullptr) return;
+    const ncclResult_t status = group_->aborted() ? ncclInternalError : ncclCommFinalize(slot.comm);
+    if (status != ncclSuccess && status != ncclInProgress) {
+      (void)ncclCommAbort(slot.comm);
+      slot.comm = nullptr;
+      return;
+    }
+  }
+  for (;;) {
+    {
+      std::lock_guard lock(slot.mutex);
+      if (slot.comm == nullptr) return;  // aborted
+      ncclResult_t state = ncclSuccess;
+      (void)ncclCommGetAsyncError(slot.comm, &state);
+      if (state != ncclInProgress) {
+        if (state == ncclSuccess && !group_->aborted())
+          (void)ncclCommDestroy(slot.comm);
+        else
+          (void)ncclCommAbort(slot.comm);
+        slot.comm = nullptr;
+        return;
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
 }
 
 void NcclCommunicator::wait_ready(const char* what) {

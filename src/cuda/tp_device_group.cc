@@ -33,7 +33,13 @@ std::unique_ptr<TensorParallelModel> make_cuda_tp_model(const ModelConfig& whole
         return std::make_unique<NcclCommunicator>(group, rank, stream_of(rank));
       },
       .make_weights = weights,
-      .synchronize = [stream_of](int rank) { cuda_check(cudaStreamSynchronize(stream_of(rank))); },
+      // Rank 0: also the calling thread's own stream, where cuda::upload and copy_to_device queue the
+      // step's inputs when that thread is not the one that made rank 0's CudaOps.
+      .synchronize =
+          [stream_of](int rank) {
+            cuda_check(cudaStreamSynchronize(stream_of(rank)));
+            if (rank == 0 && compute_stream() != stream_of(0)) cuda_check(cudaStreamSynchronize(compute_stream()));
+          },
       // A peer-to-peer copy (unified addressing), captured into the peer's graph as a memcpy node.
       .copy_from_rank0 =
           [](const Tensor& src, Tensor& dst) {
