@@ -74,7 +74,14 @@ void expect_tp2_matches_one_gpu(const std::string& dir, Quantization q) {
   if (q == Quantization::kNone) {
     EXPECT_LE(cmp.worst, 3e-2);
     EXPECT_EQ(cmp.argmax_diff, 0);
-    EXPECT_EQ(tp_greedy, greedy);
+    // The same greedy tokens as one GPU, or, where one GPU's BF16 rounding tips a near tie, as the
+    // torch float32 reference (the CPU twin shows one rank leaving it at the second token while
+    // tp 2 keeps it).
+    auto reference = test::read_json(dir + "-reference.json")["greedy_32"].get<std::vector<int32_t>>();
+    reference.resize(tp_greedy.size());
+    EXPECT_TRUE(tp_greedy == greedy || tp_greedy == reference)
+        << "tp 2 greedy " << ::testing::PrintToString(tp_greedy) << ", one GPU " << ::testing::PrintToString(greedy)
+        << ", torch float32 " << ::testing::PrintToString(reference);
   } else {
     EXPECT_LE(cmp.mean, 0.2);
     EXPECT_LE(cmp.worst, 0.9);

@@ -112,6 +112,8 @@ void expect_w4a8_experts_exact(const std::string& dir) {
 // once, so tp 2 differs from tp 1 by BF16 rounding (~1e-2 after a few layers), not fp32 order.
 // This is what CUDA tp 2 vs tp 1 can reach for bf16 (tests/cuda/test_cuda_tp.cc uses the same
 // bound). Measured worst / mean: Mixtral 1.1e-2 / 8.2e-3, Grok-1 1.7e-2 / 9.6e-3; argmax equal.
+// Greedy decoding is not compared: at this precision Mixtral's one-rank twin leaves the torch
+// reference's greedy tokens at the second token (a near tie) while tp 2 keeps them.
 void expect_bf16_activations_within_rounding(const std::string& dir) {
   const std::vector<int32_t> ids = prompt_ids(dir);
   const ModelConfig c = load_model_config(dir);
