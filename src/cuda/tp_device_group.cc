@@ -40,7 +40,7 @@ std::unique_ptr<TensorParallelModel> make_cuda_tp_model(const ModelConfig& whole
             cuda_check(cudaStreamSynchronize(stream_of(rank)));
             if (rank == 0 && compute_stream() != stream_of(0)) cuda_check(cudaStreamSynchronize(compute_stream()));
           },
-      // A peer-to-peer copy (unified addressing), captured into the peer's graph as a memcpy node.
+      // A peer-to-peer copy (unified addressing) on the peer's stream, outside any capture.
       .copy_from_rank0 =
           [](const Tensor& src, Tensor& dst) {
             check(src.nbytes() == dst.nbytes(), "tensor parallel: copying ", src.describe(), " into ", dst.describe());

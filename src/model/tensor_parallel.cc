@@ -432,21 +432,21 @@ Tensor TensorParallelModel::forward(const ForwardBatch& batch, KvCache& cache) {
         "one cache at a time)");
   Tensor logits;
   if (recording_) {  // inside rank 0's capture: no host copies, nothing waited for
-    for (const auto& step : recorded_peers_)
-      check(step == nullptr, "tensor parallel: a recorded step runs one forward");
+    for (const RecordedPeer& recorded : recorded_peers_)
+      check(recorded.step == nullptr, "tensor parallel: a recorded step runs one forward");
     run_all([&] { logits = Model::forward(batch, cache); },
             [&](std::size_t p) {
               Peer& peer = *group_->peers[p];
-              recorded_peers_[p] = peer.ops->record([&] {
-                ForwardBatch local = batch;  // the graph's own inputs, refreshed from rank 0's at each replay
-                for (Tensor ForwardBatch::*field : kBatchTensors)
-                  if ((batch.*field).defined()) {
-                    local.*field = peer.ops->empty((batch.*field).dtype(), (batch.*field).shape());
-                    copy_from_rank0_(batch.*field, local.*field);
-                  }
-                (void)peer.model->forward(local, peer.cache);
-              });
-              check(recorded_peers_[p] != nullptr, "tensor parallel: rank ", p + 1, " could not record its step");
+              RecordedPeer& recorded = recorded_peers_[p];
+              ForwardBatch local = batch;  // the graph's own inputs, refreshed from rank 0's before each replay
+              for (Tensor ForwardBatch::*field : kBatchTensors)
+                if ((batch.*field).defined()) {
+                  local.*field = peer.ops->empty((batch.*field).dtype(), (batch.*field).shape());
+                  copy_from_rank0_(batch.*field, local.*field);
+                  recorded.inputs.emplace_back(batch.*field, local.*field);
+                }
+              recorded.step = peer.ops->record([&] { (void)peer.model->forward(local, peer.cache); });
+              check(recorded.step != nullptr, "tensor parallel: rank ", p + 1, " could not record its step");
             });
     return logits;
   }
@@ -466,21 +466,21 @@ Tensor TensorParallelModel::forward(const ForwardBatch& batch, KvCache& cache) {
 }
 
 struct TensorParallelModel::Recorded final : RecordedStep {
-  Recorded(TensorParallelModel& m, std::unique_ptr<RecordedStep> r0, std::vector<std::unique_ptr<RecordedStep>> p)
+  Recorded(TensorParallelModel& m, std::unique_ptr<RecordedStep> r0, std::vector<RecordedPeer> p)
       : model(m), rank0(std::move(r0)), peers(std::move(p)) {}
   ~Recorded() override { model.release(peers); }
   void replay() override { model.replay(*this); }
 
   TensorParallelModel& model;
   std::unique_ptr<RecordedStep> rank0;
-  std::vector<std::unique_ptr<RecordedStep>> peers;  // null where the step ran no forward
+  std::vector<RecordedPeer> peers;
 };
 
-void TensorParallelModel::release(std::vector<std::unique_ptr<RecordedStep>>& peer_steps) {
+void TensorParallelModel::release(std::vector<RecordedPeer>& peers) {
   Group& g = *group_;
-  for (std::size_t p = 0; p < peer_steps.size() && p < g.threads.size(); ++p) {
+  for (std::size_t p = 0; p < peers.size() && p < g.threads.size(); ++p) {
     (void)g.threads[p]->wait();
-    g.threads[p]->post([&, p] { peer_steps[p].reset(); });
+    g.threads[p]->post([&, p] { peers[p] = {}; });
   }
   for (auto& thread : g.threads) (void)thread->wait();
 }
@@ -508,7 +508,7 @@ std::unique_ptr<RecordedStep> TensorParallelModel::record(const std::function<vo
 }
 
 void TensorParallelModel::replay(Recorded& r) {
-  // The peers' graphs copy their inputs from rank 0's tensors, which the caller refilled with copies
+  // The peers copy their graphs' inputs from rank 0's tensors, which the caller refilled with copies
   // queued on rank 0's stream: let them land first.
   if (synchronize_) synchronize_(0);
   run_all(
@@ -517,8 +517,10 @@ void TensorParallelModel::replay(Recorded& r) {
         if (synchronize_) synchronize_(0);
       },
       [&](std::size_t p) {
-        if (!r.peers[p]) return;
-        r.peers[p]->replay();
+        RecordedPeer& peer = r.peers[p];
+        if (!peer.step) return;
+        for (auto& [rank0_input, input] : peer.inputs) copy_from_rank0_(rank0_input, input);
+        peer.step->replay();
         if (synchronize_) synchronize_(static_cast<int>(p) + 1);
       });
 }

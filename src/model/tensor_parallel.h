@@ -14,6 +14,7 @@
 #include <memory>
 #include <mutex>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "format/model_config.h"
@@ -76,7 +77,7 @@ struct TpSetup {
   std::function<ModelWeights(int rank, const ModelConfig& rank_config, Ops& ops)> make_weights;
   std::function<void(int rank)> synchronize;  // optional: waits for the rank's queued work, fails on its errors
   // Optional (needed to record graphs): dst (on the rank's device) = src (on rank 0's), queued on the
-  // rank's stream so that a recorded step copies its inputs from rank 0's at every replay.
+  // rank's stream: before each replay a peer copies its graph's inputs from rank 0's.
   std::function<void(const Tensor& src, Tensor& dst)> copy_from_rank0;
   std::function<void()> abort;  // a rank failed during setup: ends the others' waits in make_communicator
 };
@@ -101,9 +102,9 @@ class TensorParallelModel final : public Model {
   Tensor forward(const ForwardBatch& batch, KvCache& cache) override;
   // Every rank records its own graph of its forward (its all-reduces inside): rank 0 records `step`
   // on this thread, and the forward it calls has each peer record its forward on its thread, from
-  // inputs the peer's graph copies from rank 0's batch tensors. A replay waits for rank 0's queued
-  // input copies, then replays every rank's graph. nullptr where the backend cannot record or
-  // copy_from_rank0 is missing. The recorded step must not outlive the model.
+  // input tensors of its own. A replay waits for rank 0's queued input copies, has each peer copy
+  // rank 0's inputs into its own, then replays every rank's graph. nullptr where the backend cannot
+  // record or copy_from_rank0 is missing. The recorded step must not outlive the model.
   std::unique_ptr<RecordedStep> record(const std::function<void()>& step) override;
   int tp_size() const { return size_; }
 
@@ -112,8 +113,12 @@ class TensorParallelModel final : public Model {
  private:
   struct Built;
   struct Recorded;
+  struct RecordedPeer {
+    std::unique_ptr<RecordedStep> step;                   // null where the recorded step ran no forward
+    std::vector<std::pair<Tensor, Tensor>> inputs;        // (rank 0's tensor, the peer's copy its graph reads)
+  };
   void replay(Recorded& recorded);
-  void release(std::vector<std::unique_ptr<RecordedStep>>& peer_steps);  // each on its rank's thread
+  void release(std::vector<RecordedPeer>& peers);  // each on its rank's thread
   TensorParallelModel(const ModelConfig& whole, Built built, Ops& rank0_ops);
   static Built build(const ModelConfig& whole, const TpSetup& setup, Ops& rank0_ops);
   // Runs `rank0` here and `peer(p)` on every peer's thread; on any failure aborts the group, marks
@@ -124,7 +129,7 @@ class TensorParallelModel final : public Model {
   std::function<void(int)> synchronize_;
   std::function<void(const Tensor&, Tensor&)> copy_from_rank0_;
   bool recording_ = false;                                   // inside record(): forward records the peers
-  std::vector<std::unique_ptr<RecordedStep>> recorded_peers_;  // what they recorded
+  std::vector<RecordedPeer> recorded_peers_;  // what they recorded
   std::unique_ptr<Group> group_;
   mutable const void* cache_id_ = nullptr;  // rank 0's cache the peers' caches go with
   mutable bool failed_ = false;
