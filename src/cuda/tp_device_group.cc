@@ -27,7 +27,22 @@ std::unique_ptr<TensorParallelModel> make_cuda_tp_model(const ModelConfig& whole
   auto group = std::make_shared<NcclGroup>(tp_size);
   const TpSetup setup{
       .size = tp_size,
-      .enter = [](int rank) { cuda_check(cudaSetDevice(rank)); },
+      .enter = [](int rank) {
+        cuda_check(cudaSetDevice(rank));
+        // Before each graph replay this rank copies the step's inputs from rank 0's tensors, which
+        // come from device 0's stream-ordered pool: let this device access that pool (peer to peer).
+        int peer_access = 0;
+        cuda_check(cudaDeviceCanAccessPeer(&peer_access, rank, 0));
+        if (peer_access) {
+          cudaMemPool_t pool = nullptr;
+          cuda_check(cudaDeviceGetDefaultMemPool(&pool, 0));
+          cudaMemAccessDesc access{};
+          access.location.type = cudaMemLocationTypeDevice;
+          access.location.id = rank;
+          access.flags = cudaMemAccessFlagsProtReadWrite;
+          cuda_check(cudaMemPoolSetAccess(pool, &access, 1));
+        }
+      },
       .make_ops = [](int) -> std::unique_ptr<Ops> { return std::make_unique<CudaOps>(); },
       .make_communicator = [group, stream_of](int rank) -> std::unique_ptr<Communicator> {
         return std::make_unique<NcclCommunicator>(group, rank, stream_of(rank));
@@ -40,12 +55,14 @@ std::unique_ptr<TensorParallelModel> make_cuda_tp_model(const ModelConfig& whole
             cuda_check(cudaStreamSynchronize(stream_of(rank)));
             if (rank == 0 && compute_stream() != stream_of(0)) cuda_check(cudaStreamSynchronize(compute_stream()));
           },
-      // A peer-to-peer copy (unified addressing) on the peer's stream, outside any capture.
+      // A peer-to-peer copy on the peer's stream, outside any capture.
       .copy_from_rank0 =
           [](const Tensor& src, Tensor& dst) {
             check(src.nbytes() == dst.nbytes(), "tensor parallel: copying ", src.describe(), " into ", dst.describe());
-            cuda_check(cudaMemcpyAsync(dst.raw(), src.raw(), static_cast<std::size_t>(src.nbytes()), cudaMemcpyDefault,
-                                       compute_stream()));
+            int device = 0;
+            cuda_check(cudaGetDevice(&device));
+            cuda_check(cudaMemcpyPeerAsync(dst.raw(), device, src.raw(), 0, static_cast<std::size_t>(src.nbytes()),
+                                           compute_stream()));
           },
       .abort = [group] { group->abort(); }};
   return std::make_unique<TensorParallelModel>(whole, setup, rank0_ops);
