@@ -2,8 +2,8 @@
 // persistent thread (which selects device r once and keeps it: its compute stream is per thread),
 // with its own CudaOps, weights made on its device, and an NCCL communicator; rank 0 runs on the
 // calling thread on device 0. Decode steps are recorded as one CUDA graph per rank (each with its
-// NCCL all-reduces; before each replay the peers copy the step's inputs from rank 0's, peer to peer).
-// Built with nibble_nccl (where CMake finds NCCL).
+// NCCL all-reduces; before each replay the peers copy the step's inputs from rank 0's, peer to
+// peer). Built with nibble_nccl (where CMake finds NCCL).
 #pragma once
 
 #include <functional>
@@ -24,7 +24,7 @@ using RankWeights = std::function<ModelWeights(int rank, const ModelConfig& rank
 // `rank0_ops`: a CudaOps made on the calling thread, which must be on device 0. A rank that fails
 // (a bad device, NCCL init, a CUDA error in a step) aborts every rank's communicator and the error
 // is rethrown here (or by the step), never a hang.
-std::unique_ptr<TensorParallelModel> make_cuda_tp_model(const ModelConfig& whole, int tp_size, Ops& rank0_ops,
-                                                        const RankWeights& weights);
+std::unique_ptr<TensorParallelModel> make_cuda_tp_model(const ModelConfig& whole, int tp_size,
+                                                        Ops& rank0_ops, const RankWeights& weights);
 
 }  // namespace nibble::cuda

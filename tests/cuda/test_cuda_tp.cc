@@ -68,8 +68,9 @@ void expect_tp2_matches_one_gpu(const std::string& dir, Quantization q) {
     return place_shard(host_weights, c, rank, 2, ops);
   });
   const Comparison cmp = compare(ref, full_logits(*tp, ids, KvCacheDType::kBf16));
-  std::cout << dir << " " << quantization_name(q) << " CUDA --tp-size 2 vs 1: worst relative L2 " << cmp.worst
-            << ", mean " << cmp.mean << ", argmax differs at " << cmp.argmax_diff << "\n";
+  std::cout << dir << " " << quantization_name(q) << " CUDA --tp-size 2 vs 1: worst relative L2 "
+            << cmp.worst << ", mean " << cmp.mean << ", argmax differs at " << cmp.argmax_diff
+            << "\n";
   const auto tp_greedy = generate(*tp, ids, 16, {}, KvCacheDType::kBf16, {});
   if (q == Quantization::kNone) {
     EXPECT_LE(cmp.worst, 3e-2);
@@ -77,11 +78,13 @@ void expect_tp2_matches_one_gpu(const std::string& dir, Quantization q) {
     // The same greedy tokens as one GPU, or, where one GPU's BF16 rounding tips a near tie, as the
     // torch float32 reference (the CPU twin shows one rank leaving it at the second token while
     // tp 2 keeps it).
-    auto reference = test::read_json(dir + "-reference.json")["greedy_32"].get<std::vector<int32_t>>();
+    auto reference =
+        test::read_json(dir + "-reference.json")["greedy_32"].get<std::vector<int32_t>>();
     reference.resize(tp_greedy.size());
     EXPECT_TRUE(tp_greedy == greedy || tp_greedy == reference)
-        << "tp 2 greedy " << ::testing::PrintToString(tp_greedy) << ", one GPU " << ::testing::PrintToString(greedy)
-        << ", torch float32 " << ::testing::PrintToString(reference);
+        << "tp 2 greedy " << ::testing::PrintToString(tp_greedy) << ", one GPU "
+        << ::testing::PrintToString(greedy) << ", torch float32 "
+        << ::testing::PrintToString(reference);
   } else {
     EXPECT_LE(cmp.mean, 0.2);
     EXPECT_LE(cmp.worst, 0.9);
@@ -114,19 +117,25 @@ TEST(CudaTensorParallel, EngineGraphsMatchEagerSteps) {
   SKIP_WITHOUT_TWO_GPUS();
   const ModelConfig c = load_model_config(kMixtral);
   CpuOps host;
-  const ModelWeights w = load_weights(Checkpoint::open(kMixtral), c, Quantization::kQuarkInt4Fp8Moe, host);
+  const ModelWeights w =
+      load_weights(Checkpoint::open(kMixtral), c, Quantization::kQuarkInt4Fp8Moe, host);
   cuda::CudaOps gpu;
   const auto tp = cuda::make_cuda_tp_model(c, 2, gpu, [&](int rank, const ModelConfig&, Ops& ops) {
     return place_shard(w, c, rank, 2, ops);
   });
   auto run = [&](CudaGraphs graphs) {
-    Engine engine(*tp, {.num_blocks = 64, .block_size = 16, .kv_dtype = KvCacheDType::kFp8E4M3, .scheduler = {},
+    Engine engine(*tp, {.num_blocks = 64,
+                        .block_size = 16,
+                        .kv_dtype = KvCacheDType::kFp8E4M3,
+                        .scheduler = {},
                         .cuda_graphs = graphs});
     std::map<int64_t, std::vector<int32_t>> out;
     for (int r = 0; r < 5; ++r) {
       std::vector<int32_t> prompt{1};
       for (int i = 0; i < 3 + 7 * r; ++i) prompt.push_back(300 + (37 * i + 11 * r) % 200);
-      engine.add_request(prompt, {.sampling = {}, .max_tokens = 20 + 3 * r, .stop_token_ids = {}, .ignore_eos = true});
+      engine.add_request(
+          prompt,
+          {.sampling = {}, .max_tokens = 20 + 3 * r, .stop_token_ids = {}, .ignore_eos = true});
     }
     while (engine.has_unfinished())
       for (const StepOutput& o : engine.step()) out[o.id].push_back(o.token);
@@ -137,7 +146,8 @@ TEST(CudaTensorParallel, EngineGraphsMatchEagerSteps) {
   EXPECT_EQ(graphs, eager);
 }
 
-// The NCCL collectives themselves, each rank on its own thread and device: sum (BF16 and F32) and max.
+// The NCCL collectives themselves, each rank on its own thread and device: sum (BF16 and F32) and
+// max.
 TEST(CudaTensorParallel, NcclSumAndMax) {
   SKIP_WITHOUT_TWO_GPUS();
   auto group = std::make_shared<cuda::NcclGroup>(2);
@@ -152,7 +162,8 @@ TEST(CudaTensorParallel, NcclSumAndMax) {
         Tensor s = Tensor::zeros(DType::kF32, {3}), m = Tensor::zeros(DType::kF32, {3});
         for (int i = 0; i < 3; ++i) {
           s.data<float>()[i] = static_cast<float>((r + 1) * (i + 1));  // sum: 3, 6, 9
-          m.data<float>()[i] = r == 0 ? static_cast<float>(i) : 1.5f - static_cast<float>(i);  // max: 1.5, 1, 2
+          m.data<float>()[i] =
+              r == 0 ? static_cast<float>(i) : 1.5f - static_cast<float>(i);  // max: 1.5, 1, 2
         }
         Tensor ds = cuda::upload(s), dm = cuda::upload(m);
         comm.all_reduce_sum(ds);
@@ -185,11 +196,14 @@ TEST(CudaTensorParallel, RankFailingBeforeNcclInitEndsTheGroup) {
   const TpSetup setup{
       .size = 2,
       .enter = [](int rank) { cuda_check(cudaSetDevice(rank)); },
-      .make_ops = [](int) -> std::unique_ptr<Ops> { throw std::runtime_error("rank 1: no such GPU"); },
+      .make_ops = [](int) -> std::unique_ptr<Ops> {
+        throw std::runtime_error("rank 1: no such GPU");
+      },
       .make_communicator = [group](int rank) -> std::unique_ptr<Communicator> {
         return std::make_unique<cuda::NcclCommunicator>(group, rank, cuda::compute_stream());
       },
-      .make_weights = [&](int rank, const ModelConfig&, Ops& ops) { return place_shard(w, c, rank, 2, ops); },
+      .make_weights = [&](int rank, const ModelConfig&,
+                          Ops& ops) { return place_shard(w, c, rank, 2, ops); },
       .synchronize = [](int) { cuda_check(cudaStreamSynchronize(cuda::compute_stream())); },
       .abort = [group] { group->abort(); }};
   expect_error([&] { TensorParallelModel tp(c, setup, gpu); }, "rank 1: no such GPU");
@@ -221,8 +235,8 @@ TEST(CudaTensorParallel, RankFailingAfterNcclInitEndsTheGroup) {
 TEST(CudaTensorParallel, MoreRanksThanGpusFailClearly) {
   const int visible = cuda::device_count();
   expect_error([&] { cuda::check_gpu_count(visible + 1); },
-               "--tp-size " + std::to_string(visible + 1) + " needs " + std::to_string(visible + 1) + " GPUs, " +
-                   std::to_string(visible) + " visible");
+               "--tp-size " + std::to_string(visible + 1) + " needs " +
+                   std::to_string(visible + 1) + " GPUs, " + std::to_string(visible) + " visible");
 }
 
 }  // namespace
