@@ -2,6 +2,7 @@
 #include "cuda/device.h"
 
 #include <cstdint>
+#include <mutex>
 
 #include "cuda/cuda_check.h"
 
@@ -22,19 +23,25 @@ int device_count() {
 }
 
 cudaStream_t compute_stream() {
-  thread_local cudaStream_t stream = [] {
-    cudaStream_t s = nullptr;
-    cuda_check(cudaStreamCreate(&s));
+  // One stream a device, whichever thread asks: a server's engine thread must queue its work and its
+  // stream-ordered allocations on the stream the model's ops were made with, or a block freed on one
+  // stream could be handed out again while the other still uses it.
+  constexpr int kMaxDevices = 64;
+  static std::mutex mutex;
+  static cudaStream_t streams[kMaxDevices] = {};
+  int device = 0;
+  cuda_check(cudaGetDevice(&device));
+  check(device >= 0 && device < kMaxDevices, "CUDA device ", device, " out of range");
+  std::lock_guard lock(mutex);
+  if (streams[device] == nullptr) {
+    cuda_check(cudaStreamCreate(&streams[device]));
     // Keep freed blocks in the pool instead of returning them to the driver at every sync.
-    int device = 0;
-    cuda_check(cudaGetDevice(&device));
     cudaMemPool_t pool = nullptr;
     cuda_check(cudaDeviceGetDefaultMemPool(&pool, device));
     uint64_t threshold = UINT64_MAX;
     cuda_check(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold));
-    return s;
-  }();
-  return stream;
+  }
+  return streams[device];
 }
 
 Tensor empty(DType dtype, Shape shape) {

@@ -17,8 +17,9 @@ namespace nibble::cuda {
 // Number of usable CUDA devices; 0 when there is no driver or no GPU (never throws).
 int device_count();
 
-// The stream of this thread's device work: created on first use, never destroyed, and blocking (so
-// it is ordered with the legacy default stream that tests and libraries may use).
+// The stream of the current device's work, the same for every thread: created on first use, never
+// destroyed, and blocking (so it is ordered with the legacy default stream that tests and libraries
+// may use).
 cudaStream_t compute_stream();
 
 Tensor empty(DType dtype, Shape shape);  // uninitialized device memory

@@ -90,6 +90,7 @@ MoeWorkspace::MoeWorkspace(const MoeWeightsW4A8& w, int64_t tokens, int64_t k, P
   gate_up_out = empty(DType::kF32, {max_split_rows(2 * I, H, E, k, tokens, num_sms) * 2 * I});
   act_fp8 = empty(DType::kF8E4M3, {rows, I});
   act_scale = empty(DType::kF32, {rows});
+  act_amax = empty(DType::kF32, {rows});
   act_sums = empty(DType::kF32, {rows, I / 64});
   down_out = empty(DType::kF32, {max_split_rows(H, I, E, k, tokens, num_sms) * H});
   // Not while a decode graph is being captured (the prefill workspace makes streams, pinned memory and a
@@ -140,7 +141,7 @@ void moe_w4a8(const Tensor& x, const MoeWeightsW4A8& w, const MoeParams& params,
                            .codes = ws.act_fp8.data<uint8_t>(), .scale = ws.act_scale.data<float>(),
                            .sums = ws.act_sums.data<float>(), .rows = rows, .intermediate = I,
                            .activation = params.activation},
-                          stream);
+                          params.communicator, ws.act_amax, stream);
   const int64_t down_splits = choose_k_splits(H, I, slots, rows, ws.num_sms);
   moe_gemm_w4a8({.weight_format = w.format, .weights = w.down.raw(), .weight_scale = w.down_scale.data<float>(),
                  .act = ws.act_fp8.data<uint8_t>(), .act_scale = ws.act_scale.data<float>(),

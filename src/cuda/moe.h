@@ -59,6 +59,7 @@ struct MoeWorkspace {
   Tensor gate_up_out;     // F32 (splits · T·K · 2I)
   Tensor act_fp8;         // F8_E4M3 (T·K, I)
   Tensor act_scale;       // F32 (T·K)
+  Tensor act_amax;        // F32 (T·K): rows' amax over ranks under tensor parallelism
   Tensor act_sums;        // F32 (T·K, I / 64)
   Tensor down_out;        // F32 (splits · T·K · H)
   // The prefill path's buffers: made with the workspace when max_tokens reaches the prefill threshold

@@ -1,10 +1,14 @@
 // Grouped INT4 × FP8 (or FP8 × FP8) GEMM kernel (see moe_gemm_w4a8.h for the contract and the weight
-// layouts).
-// A block is one warpgroup owning 64 output channels of one expert and up to kTokenTiles × 8 of its
-// rows at a time; it walks its K range through a 4-stage cp.async pipeline of 256-wide K steps (weights per lane,
-// activations shared in wgmma's core-matrix layout) and multiplies with wgmma (A = weights from
-// registers, B = activations from shared memory). Every 64-wide K block's result is added to fp32
-// registers, so accumulation error does not grow with K.
+// layouts), shaped for decode: bound by the bytes of the weights, which stream once.
+// Work is cut into units of (active expert, 64 output channels, K split); a persistent grid of
+// warpgroup blocks walks them with a static stride (units per block differ by at most one), each unit
+// chunk by chunk of kRows rows (one chunk unless an expert has more rows than the tile). A block's
+// pipeline runs continuously across its units (no fill or drain between them): each warp's weights
+// for a stage arrive as one bulk copy (TMA) completing on the stage's mbarrier, activations as
+// 16-byte cp.async copies, and one lane per warp asks L2 to fetch the weights a few stages further
+// ahead. Weights go to registers as wgmma A fragments; activations sit in shared memory as wgmma's
+// core matrices. The tensor cores sum 128 K at a time; every 128 K is added to fp32 registers, so
+// accumulation error does not grow with K.
 #include <algorithm>
 
 #include "cuda/cuda_check.h"
@@ -17,89 +21,237 @@ namespace {
 
 constexpr int kWarps = 4;  // one warpgroup: 64 output channels
 constexpr int kThreads = kWarps * 32;
-constexpr int kStages = 4;
-constexpr int kBlocksPerStage = 4;  // 64-wide K blocks per pipeline stage (256 K, 8 KB of weights)
+constexpr int kBlocksPerStage = 4;  // 64-wide K blocks per pipeline stage (256 K)
 constexpr int kCoreBytes = 128;     // a wgmma core matrix: 8 rows × 16 bytes
+constexpr int kPrefetchStages = 4;  // how far past the pipeline L2 is asked to fetch weights
 
-// One stage: per K block, the warps' weight fragments, and the activations as K-major core matrices,
-// core matrix (row group j, 16-byte K column c) at (j · 4 + c) · 128: 128 bytes between K neighbours,
-// 512 between row groups.
+template <int kTokenTiles, bool kFp8>
+struct Tile {
+  static constexpr int kRows = kTokenTiles * 8;
+  static constexpr int kLaneWords = kFp8 ? 2 : 1;               // uint4 a lane per K block
+  static constexpr int kWarpBlockBytes = 32 * 16 * kLaneWords;  // a warp's 16 channels, one K block
+  static constexpr int kStageBytes = kBlocksPerStage * (kWarps * kWarpBlockBytes + kRows * kGemmKBlock);
+  // About 48 KB of pipeline a block, so that four or five blocks share an SM.
+  static constexpr int kStages = std::clamp(48 * 1024 / kStageBytes, 3, 6);
+  static constexpr int kMinBlocks = kTokenTiles == 1 ? 5 : kTokenTiles == 2 ? 4 : kTokenTiles == 4 ? 3 : 2;
+  // Activation copies a stage: kRows rows × 4 sixteen-byte columns × kBlocksPerStage K blocks.
+  static constexpr int kActPairs = kRows * 4;  // (row, column) pairs of one K block
+  static constexpr int kActItems = kActPairs * kBlocksPerStage;
+  static constexpr int kActPerThread = kActItems / kThreads;
+  static constexpr int kPairsPerThread = kActPairs > kThreads ? kActPairs / kThreads : 1;
+};
+
+// One stage: each warp's weight fragments for the stage's K blocks (one contiguous bulk copy a warp),
+// and the activations as K-major core matrices, core matrix (row group j, 16-byte K column c) at
+// (j · 4 + c) · 128 in each K block: 128 bytes between K neighbours, 512 between row groups.
 template <int kTokenTiles, bool kFp8>
 struct alignas(128) GemmSmem {
-  uint4 weights[kStages][kBlocksPerStage][kWarps][kFp8 ? 64 : 32];  // 16 or 32 bytes a lane per K block
-  uint8_t act[kStages][kBlocksPerStage][kTokenTiles * 8 * kGemmKBlock];
-  int64_t act_row[kTokenTiles * 8];
-  float token_sum[kTokenTiles * 8];
-  float token_scale[kTokenTiles * 8];
+  using T = Tile<kTokenTiles, kFp8>;
+  uint4 weights[T::kStages][kWarps][kBlocksPerStage][32 * T::kLaneWords];
+  uint8_t act[T::kStages][kBlocksPerStage][T::kRows * kGemmKBlock];
+  uint64_t weights_full[T::kStages];  // mbarriers: a slot's weights have landed
+  float token_sum[T::kRows];
+  float token_scale[T::kRows];
+};
+
+// A position in a block's walk over its units: unit, row chunk of the unit's expert, pipeline stage.
+struct Cursor {
+  int unit;
+  int chunk, stage;
+  // Resolved from unit:
+  int expert, row_begin, rows, group, split, chunks, stages, kb_begin, kb_count;
+};
+
+struct Walk {
+  int units, groups, splits, kblocks, per_split, rows_per_chunk;
+
+  __device__ void resolve(Cursor& c, const GemmW4A8Args& p) const {
+    c.chunk = c.stage = 0;
+    if (c.unit >= units) return;
+    const int slot = c.unit / (groups * splits), rest = c.unit % (groups * splits);
+    c.group = rest / splits;
+    c.split = rest % splits;
+    c.expert = p.active_experts[slot];
+    c.row_begin = p.expert_offsets[c.expert];
+    c.rows = p.expert_offsets[c.expert + 1] - c.row_begin;
+    c.chunks = (c.rows + rows_per_chunk - 1) / rows_per_chunk;
+    c.kb_begin = c.split * per_split;
+    c.kb_count = min(kblocks, c.kb_begin + per_split) - c.kb_begin;
+    c.stages = (c.kb_count + kBlocksPerStage - 1) / kBlocksPerStage;
+  }
+  __device__ void advance(Cursor& c, const GemmW4A8Args& p) const {
+    if (++c.stage < c.stages) return;
+    c.stage = 0;
+    if (++c.chunk < c.chunks) return;
+    c.unit += gridDim.x;
+    resolve(c, p);
+  }
+  __device__ bool valid(const Cursor& c) const { return c.unit < units; }
 };
 
 template <int kTokenTiles, bool kFp8>
-__global__ void __launch_bounds__(kThreads, 4) moe_gemm_w4a8_kernel(const __grid_constant__ GemmW4A8Args p) {
-  constexpr int kRows = kTokenTiles * 8;
+__global__ void __launch_bounds__(kThreads, (Tile<kTokenTiles, kFp8>::kMinBlocks))
+    moe_gemm_w4a8_kernel(const __grid_constant__ GemmW4A8Args p) {
+  using T = Tile<kTokenTiles, kFp8>;
+  constexpr int kRows = T::kRows, kStages = T::kStages;
   constexpr int kAcc = kRows / 2;  // f32 accumulator registers per thread of an m64 × kRows tile
-  constexpr int kLaneWords = kFp8 ? 2 : 1;  // uint4 a lane per K block
   extern __shared__ uint4 smem_raw[];
   auto& sm = *reinterpret_cast<GemmSmem<kTokenTiles, kFp8>*>(smem_raw);
 
-  const int slot = blockIdx.y;
-  if (slot >= p.active_experts[p.num_experts]) return;
-  const int expert = p.active_experts[slot];
-  const int row_begin = p.expert_offsets[expert];
-  const int rows = p.expert_offsets[expert + 1] - row_begin;
-
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, q = lane & 3;
-  const int64_t tiles = p.n / 16, kblocks = p.k / kGemmKBlock;
-  const int64_t tile = static_cast<int64_t>(blockIdx.x) * kWarps + warp;  // this warp's 16 channels
-  const bool tile_valid = tile < tiles;
-  const int64_t per_split = (kblocks + p.splits - 1) / p.splits;
-  const int64_t kb_begin = blockIdx.z * per_split;
-  const int64_t kb_count = min(kblocks, kb_begin + per_split) - kb_begin;
-  const int64_t stage_count = (kb_count + kBlocksPerStage - 1) / kBlocksPerStage;
-  const uint4* weights =
-      static_cast<const uint4*>(p.weights) + ((expert * tiles + tile) * kblocks * 32 + lane) * kLaneWords;
+  const int tiles = static_cast<int>(p.n / 16);
+  Walk walk;
+  walk.groups = (tiles + kWarps - 1) / kWarps;
+  walk.splits = static_cast<int>(p.splits);
+  walk.kblocks = static_cast<int>(p.k / kGemmKBlock);
+  walk.per_split = (walk.kblocks + walk.splits - 1) / walk.splits;
+  walk.units = p.active_experts[p.num_experts] * walk.groups * walk.splits;
+  walk.rows_per_chunk = kRows;
 
-  for (int chunk = 0; chunk < rows; chunk += kRows) {
-    // The activation row of each row of this chunk (-1 past the expert's last row).
-    for (int rr = threadIdx.x; rr < kRows; rr += kThreads)
-      sm.act_row[rr] = chunk + rr < rows ? (p.act_row ? p.act_row[row_begin + chunk + rr] : row_begin + chunk + rr)
-                                         : -1;
-    __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) ptx::mbarrier_init(&sm.weights_full[s], 1);
+    ptx::fence_mbarrier_init();
+  }
+  __syncthreads();
 
-    auto load_stage = [&](int stage, int64_t first) {  // K blocks first .. first + 3 of the split
-#pragma unroll 1
-      for (int b = 0; b < kBlocksPerStage; ++b) {
-        const int64_t kb = kb_begin + first + b;
-        if (first + b >= kb_count) break;
-        if (tile_valid)
+  // The weights of tile `tile` of a cursor's expert from K block kb.
+  auto weights_at = [&](const Cursor& c, int tile, int kb) {
+    return static_cast<const uint8_t*>(p.weights) +
+           ((static_cast<int64_t>(c.expert) * tiles + tile) * walk.kblocks + kb) * T::kWarpBlockBytes;
+  };
+  // This thread's activation copies: pairs (row, 16-byte column) of the load cursor's chunk, their
+  // sources (row start + column; nullptr past the expert's rows) and shared-memory offsets.
+  const uint8_t* act_src[T::kPairsPerThread];
+  int act_dst[T::kPairsPerThread];
+  auto point_activations = [&](const Cursor& c) {
 #pragma unroll
-          for (int w = 0; w < kLaneWords; ++w)
-            ptx::cp_async_16(&sm.weights[stage][b][warp][lane * kLaneWords + w], weights + kb * 32 * kLaneWords + w);
-        for (int i = threadIdx.x; i < kRows * 4; i += kThreads) {
-          const int rr = i / 4, c = i % 4;
-          const int64_t act_row = sm.act_row[rr];
-          ptx::cp_async_16(&sm.act[stage][b][((rr / 8) * 4 + c) * kCoreBytes + (rr % 8) * 16],
-                           p.act + max(act_row, int64_t{0}) * p.k + kb * kGemmKBlock + c * 16, act_row >= 0);
+    for (int i = 0; i < T::kPairsPerThread; ++i) {
+      const int pair = (threadIdx.x + i * kThreads) % T::kActPairs, rr = pair / 4, col = pair % 4;
+      const int r = c.chunk * kRows + rr;
+      const int64_t pos = c.row_begin + r;
+      act_src[i] = r < c.rows ? p.act + (p.act_row ? p.act_row[pos] : pos) * p.k + col * 16 : nullptr;
+      act_dst[i] = ((rr / 8) * 4 + col) * kCoreBytes + (rr % 8) * 16;
+    }
+  };
+  auto load_stage = [&](const Cursor& c, int slot) {
+    if (c.stage == 0) point_activations(c);
+    const int first = c.kb_begin + c.stage * kBlocksPerStage;
+    const int nkb = min(kBlocksPerStage, c.kb_begin + c.kb_count - first);
+    if (threadIdx.x == 0) {  // the weights: one bulk copy a warp tile
+      const int valid_tiles = min(kWarps, tiles - c.group * kWarps);
+      const auto bytes = static_cast<uint32_t>(nkb * T::kWarpBlockBytes);
+      ptx::mbarrier_arrive_expect_tx(&sm.weights_full[slot], bytes * valid_tiles);
+      for (int w = 0; w < valid_tiles; ++w)
+        ptx::bulk_copy_to_shared(sm.weights[slot][w], weights_at(c, c.group * kWarps + w, first), bytes,
+                                 &sm.weights_full[slot]);
+    }
+#pragma unroll
+    for (int i = 0; i < T::kActPerThread; ++i) {
+      const int item = threadIdx.x + i * kThreads;
+      const int b = item / T::kActPairs, which = i % T::kPairsPerThread;
+      if (b < nkb)
+        ptx::cp_async_16(&sm.act[slot][b][act_dst[which]],
+                         act_src[which] ? act_src[which] + (first + b) * kGemmKBlock : p.act, act_src[which] != nullptr);
+    }
+  };
+  auto prefetch_stage = [&](const Cursor& c) {
+    if (lane != 0) return;
+    const int tile = c.group * kWarps + warp;
+    if (tile >= tiles) return;
+    const int first = c.kb_begin + c.stage * kBlocksPerStage;
+    const int nkb = min(kBlocksPerStage, c.kb_begin + c.kb_count - first);
+    ptx::prefetch_l2_bulk(weights_at(c, tile, first), static_cast<uint32_t>(nkb * T::kWarpBlockBytes));
+  };
+
+  Cursor compute{.unit = static_cast<int>(blockIdx.x)}, load = compute, ahead = compute;
+  walk.resolve(compute, p);
+  walk.resolve(load, p);
+  walk.resolve(ahead, p);
+  for (int s = 0; s < kStages - 1 + kPrefetchStages && walk.valid(ahead); ++s) {
+    prefetch_stage(ahead);
+    walk.advance(ahead, p);
+  }
+  int loaded = 0;
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (walk.valid(load)) {
+      load_stage(load, loaded++ % kStages);
+      walk.advance(load, p);
+    }
+    ptx::cp_async_commit();
+  }
+
+  float acc[kAcc] = {};
+  for (int step = 0; walk.valid(compute); ++step) {
+    const int slot = step % kStages;
+    ptx::cp_async_wait<kStages - 2>();
+    ptx::mbarrier_wait(&sm.weights_full[slot], (step / kStages) & 1);
+    wgmma::fence_proxy_async();  // the activation copies are generic-proxy writes that wgmma reads
+    __syncthreads();  // this stage is complete for all threads; the previous slot is free to refill
+    if (walk.valid(load)) {
+      load_stage(load, loaded++ % kStages);
+      walk.advance(load, p);
+      if (walk.valid(ahead)) {
+        prefetch_stage(ahead);
+        walk.advance(ahead, p);
+      }
+    }
+    ptx::cp_async_commit();
+
+    const int first = compute.kb_begin + compute.stage * kBlocksPerStage;
+    const int nkb = min(kBlocksPerStage, compute.kb_begin + compute.kb_count - first);
+    // Two halves of two K blocks (128 K each), each summed by the tensor cores, then promoted.
+    float d[2][kAcc];
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      uint32_t a[2][2][4];
+#pragma unroll
+      for (int bb = 0; bb < 2; ++bb) {
+        const int b = half * 2 + bb;
+        if constexpr (kFp8) {  // the two K steps' A fragments, as stored
+          const uint4 lo = sm.weights[slot][warp][b][2 * lane], hi = sm.weights[slot][warp][b][2 * lane + 1];
+          a[bb][0][0] = lo.x, a[bb][0][1] = lo.y, a[bb][0][2] = lo.z, a[bb][0][3] = lo.w;
+          a[bb][1][0] = hi.x, a[bb][1][1] = hi.y, a[bb][1][2] = hi.z, a[bb][1][3] = hi.w;
+        } else {
+          // Each nibble u becomes the FP8 byte u, worth u · 2^-9: low nibbles are rows g, high g + 8.
+          const uint4 w = sm.weights[slot][warp][b][lane];
+          a[bb][0][0] = w.x & 0x0F0F0F0Fu, a[bb][0][1] = (w.x >> 4) & 0x0F0F0F0Fu;
+          a[bb][0][2] = w.y & 0x0F0F0F0Fu, a[bb][0][3] = (w.y >> 4) & 0x0F0F0F0Fu;
+          a[bb][1][0] = w.z & 0x0F0F0F0Fu, a[bb][1][1] = (w.z >> 4) & 0x0F0F0F0Fu;
+          a[bb][1][2] = w.w & 0x0F0F0F0Fu, a[bb][1][3] = (w.w >> 4) & 0x0F0F0F0Fu;
         }
       }
-    };
-
-    float acc[kAcc] = {};
+      wgmma::fence();
 #pragma unroll
-    for (int s = 0; s < kStages - 1; ++s) {
-      if (s < stage_count) load_stage(s, s * kBlocksPerStage);
-      ptx::cp_async_commit();
+      for (int bb = 0; bb < 2; ++bb) {
+        const int b = half * 2 + bb;
+        if (b < nkb) {
+          const uint8_t* act = sm.act[slot][b];
+          wgmma::WgmmaE4m3<kRows>::mma(d[half], a[bb][0], wgmma::descriptor(act, kCoreBytes, 4 * kCoreBytes), bb);
+          wgmma::WgmmaE4m3<kRows>::mma(d[half], a[bb][1],
+                                       wgmma::descriptor(act + 2 * kCoreBytes, kCoreBytes, 4 * kCoreBytes), 1);
+        }
+      }
+      wgmma::commit();
     }
-    {
-      // While the first stages load: each row's Σ a over this split's K blocks and its scale, with
-      // kThreadsPerRow threads a row (visible to all after the main loop's first barrier).
+    wgmma::wait<1>();
+#pragma unroll
+    for (int j = 0; j < kAcc; ++j) acc[j] += d[0][j];
+    wgmma::wait<0>();
+    if (nkb > 2)
+#pragma unroll
+      for (int j = 0; j < kAcc; ++j) acc[j] += d[1][j];
+
+    if (compute.stage == compute.stages - 1) {  // the chunk's last stage: write its rows out
+      // Each row's Σ a over this split's K blocks (INT4's offset correction) and its scale.
       constexpr int kThreadsPerRow = kThreads / kRows;
       const int rr = threadIdx.x / kThreadsPerRow, part = threadIdx.x % kThreadsPerRow;
-      const int64_t act_row = sm.act_row[rr];
+      const int r = compute.chunk * kRows + rr;
+      const int64_t pos = compute.row_begin + r;
+      const int64_t act_row = r < compute.rows ? (p.act_row ? p.act_row[pos] : pos) : -1;
       float sum = 0.0f;
       if (!kFp8 && act_row >= 0) {
-        const float* sums = p.act_sums + act_row * kblocks + kb_begin;
-#pragma unroll 4
-        for (int64_t kb = part; kb < kb_count; kb += kThreadsPerRow) sum += sums[kb];
+        const float* sums = p.act_sums + act_row * walk.kblocks + compute.kb_begin;
+        for (int kb = part; kb < compute.kb_count; kb += kThreadsPerRow) sum += sums[kb];
       }
 #pragma unroll
       for (int o = kThreadsPerRow / 2; o > 0; o /= 2) sum += __shfl_xor_sync(0xFFFFFFFFu, sum, o);
@@ -107,83 +259,65 @@ __global__ void __launch_bounds__(kThreads, 4) moe_gemm_w4a8_kernel(const __grid
         sm.token_sum[rr] = sum;
         sm.token_scale[rr] = act_row >= 0 ? p.act_scale[act_row] : 0.0f;
       }
-    }
-    for (int64_t i = 0; i < stage_count; ++i) {
-      ptx::cp_async_wait<kStages - 2>();
-      wgmma::fence_proxy_async();  // the copies are generic-proxy writes that wgmma reads
-      __syncthreads();  // stage i is complete for all threads; stage i - 1 is free to refill
-      if (i + kStages - 1 < stage_count)
-        load_stage((i + kStages - 1) % kStages, (i + kStages - 1) * kBlocksPerStage);
-      ptx::cp_async_commit();
-
-      const int stage = static_cast<int>(i % kStages);
+      __syncthreads();
+      const int tile = compute.group * kWarps + warp;
+      if (tile < tiles) {
+        const float* wscale = p.weight_scale + static_cast<int64_t>(compute.expert) * p.n;
+        float* out = p.out + (compute.split * p.max_rows + compute.row_begin + compute.chunk * kRows) * p.n;
+        // Accumulator j: row group j / 4 of 8 rows; channels g (j % 4 < 2) or g + 8; row 2q + j % 2.
 #pragma unroll
-      for (int b = 0; b < kBlocksPerStage; ++b) {
-        if (i * kBlocksPerStage + b >= kb_count) break;
-        uint32_t a0[4], a1[4];
-        if constexpr (kFp8) {  // the two K steps' A fragments, as stored
-          const uint4 lo = sm.weights[stage][b][warp][2 * lane], hi = sm.weights[stage][b][warp][2 * lane + 1];
-          a0[0] = lo.x, a0[1] = lo.y, a0[2] = lo.z, a0[3] = lo.w;
-          a1[0] = hi.x, a1[1] = hi.y, a1[2] = hi.z, a1[3] = hi.w;
-        } else {
-          // Each nibble u becomes the FP8 byte u, worth u · 2^-9: low nibbles are rows g, high g + 8.
-          const uint4 w = sm.weights[stage][b][warp][lane];
-          a0[0] = w.x & 0x0F0F0F0Fu, a0[1] = (w.x >> 4) & 0x0F0F0F0Fu;
-          a0[2] = w.y & 0x0F0F0F0Fu, a0[3] = (w.y >> 4) & 0x0F0F0F0Fu;
-          a1[0] = w.z & 0x0F0F0F0Fu, a1[1] = (w.z >> 4) & 0x0F0F0F0Fu;
-          a1[2] = w.w & 0x0F0F0F0Fu, a1[3] = (w.w >> 4) & 0x0F0F0F0Fu;
+        for (int j = 0; j < kAcc; ++j) {
+          const int row = (j / 4) * 8 + 2 * q + (j & 1);
+          const int64_t channel = tile * 16 + g + ((j & 2) ? 8 : 0);
+          if (compute.chunk * kRows + row >= compute.rows) continue;
+          const float dot = kFp8 ? acc[j] : acc[j] * 512.0f - 8.0f * sm.token_sum[row];
+          out[row * p.n + channel] = dot * sm.token_scale[row] * wscale[channel];
         }
-        const uint8_t* act = sm.act[stage][b];
-        float d[kAcc];
-        wgmma::fence();
-        wgmma::WgmmaE4m3<kRows>::mma(d, a0, wgmma::descriptor(act, kCoreBytes, 4 * kCoreBytes), 0);
-        wgmma::WgmmaE4m3<kRows>::mma(d, a1, wgmma::descriptor(act + 2 * kCoreBytes, kCoreBytes, 4 * kCoreBytes), 1);
-        wgmma::commit();
-        wgmma::wait<0>();
-        // Promote every 64-wide K block into fp32 registers.
-#pragma unroll
-        for (int j = 0; j < kAcc; ++j) acc[j] += d[j];
       }
-    }
-    ptx::cp_async_wait<0>();
-
-    if (tile_valid) {
-      const float* wscale = p.weight_scale + expert * p.n;
-      float* out = p.out + (blockIdx.z * p.max_rows + row_begin + chunk) * p.n;
-      // Accumulator j: row group j / 4 of 8 tokens; rows g (j % 4 < 2) or g + 8; token 2q + j % 2.
 #pragma unroll
-      for (int j = 0; j < kAcc; ++j) {
-        const int rr = (j / 4) * 8 + 2 * q + (j & 1);
-        const int64_t channel = tile * 16 + g + ((j & 2) ? 8 : 0);
-        if (chunk + rr >= rows) continue;
-        const float dot = kFp8 ? acc[j] : acc[j] * 512.0f - 8.0f * sm.token_sum[rr];
-        out[rr * p.n + channel] = dot * sm.token_scale[rr] * wscale[channel];
-      }
+      for (int j = 0; j < kAcc; ++j) acc[j] = 0.0f;
     }
-    __syncthreads();  // the row tables and the pipeline buffers are reused by the next chunk
+    walk.advance(compute, p);
   }
+  ptx::cp_async_wait<0>();
+}
+
+int sm_count() {
+  static const int sms = [] {
+    int device = 0, n = 0;
+    cuda_check(cudaGetDevice(&device));
+    cuda_check(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device));
+    return n;
+  }();
+  return sms;
 }
 
 template <int kTokenTiles, bool kFp8>
 void launch(const GemmW4A8Args& p, cudaStream_t stream) {
   constexpr int kSmem = sizeof(GemmSmem<kTokenTiles, kFp8>);
-  static const bool configured = [] {
-    cuda_check(cudaFuncSetAttribute(moe_gemm_w4a8_kernel<kTokenTiles, kFp8>,
-                                    cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
-    return true;
+  auto* kernel = moe_gemm_w4a8_kernel<kTokenTiles, kFp8>;
+  static const int resident = [&] {  // blocks an SM holds at once
+    cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+    int blocks = 0;
+    cuda_check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kThreads, kSmem));
+    return std::max(blocks, 1);
   }();
-  (void)configured;
-  const int64_t tiles = p.n / 16;
-  const dim3 grid(static_cast<unsigned>((tiles + kWarps - 1) / kWarps), static_cast<unsigned>(p.expert_slots),
-                  static_cast<unsigned>(p.splits));
-  moe_gemm_w4a8_kernel<kTokenTiles, kFp8><<<grid, kThreads, kSmem, stream>>>(p);
+  // The grid divides the units as evenly as it can: every block walks the same number of units (but
+  // for the last), even if that leaves a few SM slots empty.
+  const int64_t groups = (p.n / 16 + kWarps - 1) / kWarps;
+  const int64_t units = p.expert_slots * groups * p.splits;
+  const int64_t slots = static_cast<int64_t>(sm_count()) * resident;
+  const int64_t per_block = (units + slots - 1) / slots;
+  const auto grid = static_cast<unsigned>((units + per_block - 1) / per_block);
+  kernel<<<grid, kThreads, kSmem, stream>>>(p);
   cuda_check(cudaGetLastError());
 }
 
-// Rows of the average active expert decide how many token tiles a block holds at once.
+// Rows of the average active expert decide the tile's rows, with room for twice the average (so
+// that a busier than average expert still streams its weights once).
 int token_tiles_for(int64_t rows, int64_t expert_slots) {
   const int64_t per_expert = (rows + expert_slots - 1) / std::max<int64_t>(1, expert_slots);
-  return per_expert <= 8 ? 1 : per_expert <= 16 ? 2 : per_expert <= 32 ? 4 : 8;
+  return per_expert <= 4 ? 1 : per_expert <= 8 ? 2 : per_expert <= 16 ? 4 : 8;
 }
 
 }  // namespace
@@ -191,9 +325,9 @@ int token_tiles_for(int64_t rows, int64_t expert_slots) {
 int64_t choose_k_splits(int64_t n, int64_t k, int64_t expert_slots, int64_t rows, int num_sms) {
   (void)rows;
   const int64_t kblocks = k / kGemmKBlock;
-  const int64_t warps = expert_slots * (n / 16);
-  const int64_t target = static_cast<int64_t>(num_sms) * 16;  // warps that keep every SM's memory pipe busy
-  int64_t splits = std::clamp<int64_t>((target + warps - 1) / warps, 1, std::max<int64_t>(1, kblocks / 4));
+  const int64_t pairs = expert_slots * ((n / 16 + kWarps - 1) / kWarps);  // (expert, 64 channels)
+  const int64_t target = static_cast<int64_t>(num_sms) * 12;  // about four units per resident block
+  int64_t splits = std::clamp<int64_t>((target + pairs - 1) / pairs, 1, std::max<int64_t>(1, kblocks / kBlocksPerStage));
   const int64_t per_split = (kblocks + splits - 1) / splits;
   return (kblocks + per_split - 1) / per_split;  // no empty split
 }
@@ -201,7 +335,10 @@ int64_t choose_k_splits(int64_t n, int64_t k, int64_t expert_slots, int64_t rows
 void moe_gemm_w4a8(const GemmW4A8Args& p, cudaStream_t stream) {
   check(p.n % 16 == 0 && p.k % kGemmKBlock == 0, "moe_gemm_w4a8: N ", p.n, " and K ", p.k,
         " must be multiples of 16 and 64");
-  check(p.splits >= 1 && p.expert_slots >= 1, "moe_gemm_w4a8: bad grid");
+  const int64_t kblocks = p.k / kGemmKBlock;
+  check(p.splits >= 1 && p.expert_slots >= 1 && p.splits <= kblocks &&
+            (p.splits - 1) * ((kblocks + p.splits - 1) / p.splits) < kblocks,
+        "moe_gemm_w4a8: bad grid (", p.splits, " K splits of ", kblocks, " K blocks)");
   const bool fp8 = p.weight_format == ExpertWeightFormat::kFp8;
   switch (token_tiles_for(p.max_rows, p.expert_slots)) {
     case 1: return fp8 ? launch<1, true>(p, stream) : launch<1, false>(p, stream);

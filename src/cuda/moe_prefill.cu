@@ -118,6 +118,7 @@ MoePrefillWorkspace::MoePrefillWorkspace(int64_t E, int64_t H, int64_t I, int64_
   gate_up = empty(DType::kF32, {chunk_rows, 2 * I});
   act_fp8 = empty(DType::kF8E4M3, {chunk_rows, I});
   act_scale = empty(DType::kF32, {window_rows});
+  act_amax = empty(DType::kF32, {chunk_rows});
   down = empty(options.down_product, {window_rows, H});
   if (window_rows < all_rows)
     acc = empty(DType::kF32, {max_tokens, H});  // else one window, no running sums
@@ -270,7 +271,7 @@ void moe_prefill(const Tensor& x, const MoeWeightsW4A8& w, const MoeParams& para
                              .row_scale = pf.x_scale.data<float>(),
                              .channel_scale = w.gate_up_scale.data<float>(),
                              .row_expert = pf.row_expert.data<int32_t>() + chunk.begin},
-                            stream);
+                            params.communicator, pf.act_amax, stream);
     for_each_expert([&](int64_t slot, int64_t row, int64_t n, void* scratch, cudaStream_t s) {
       pf.plan(H, n, I, pf.down.dtype())
           .run(down_weights + slot * H * I, pf.act_fp8.data<uint8_t>() + row * I,

@@ -27,7 +27,7 @@ struct MoeWorkspace;
 
 // The prefill path pays when an expert's rows fill cuBLASLt tiles: T·K / E at or above this. A
 // guess to be tuned on the GPU against the decode kernel.
-inline constexpr int64_t kPrefillMinRowsPerExpert = 128;
+inline constexpr int64_t kPrefillMinRowsPerExpert = 256;
 // Each expert's rows start at a multiple of this in the padded row space, so that every GEMM's
 // operands are 256-byte aligned and row counts (GEMM plans) come in steps of 16.
 inline constexpr int64_t kPrefillRowQuantum = 16;
@@ -81,6 +81,7 @@ struct MoePrefillWorkspace {
   Tensor gate_up;     // F32 (chunk_rows, 2I) unscaled
   Tensor act_fp8;     // F8_E4M3 (chunk_rows, I)
   Tensor act_scale;   // F32 (window_rows)
+  Tensor act_amax;    // F32 (chunk_rows): rows' amax over ranks under tensor parallelism
   Tensor down;        // F32 or BF16 (options.down_product) (window_rows, H) unscaled
   Tensor acc;         // F32 (T, H): per-token sums when a call can take several windows, else none
   Tensor lt_scratch;  // U8 (kPrefillStreams, 32 MiB): cuBLASLt's workspace, one per side stream

@@ -6,6 +6,7 @@
 #include "cuda/cuda_check.h"
 #include "cuda/fp8_rows.cuh"
 #include "cuda/moe_quantize.h"
+#include "model/communicator.h"
 
 namespace nibble::cuda {
 namespace {
@@ -50,7 +51,13 @@ __global__ void __launch_bounds__(kThreads) activation_kernel(const __grid_const
   float row_scale = 1.0f;
   if (p.row_scale != nullptr) {
     const int64_t e = p.row_expert[r];
-    if (e < 0) return write_zero_row(p.codes + r * I, I, p.scale + r, p.sums + r * (I / kRowBlock));
+    if (e < 0) {
+      if (p.amax_out != nullptr) {
+        if (threadIdx.x == 0) p.amax_out[r] = 0.0f;
+        return;
+      }
+      return write_zero_row(p.codes + r * I, I, p.scale + r, p.sums + r * (I / kRowBlock));
+    }
     channel = reinterpret_cast<const float4*>(p.channel_scale + e * 2 * I);
     row_scale = p.row_scale[r];
   }
@@ -74,7 +81,21 @@ __global__ void __launch_bounds__(kThreads) activation_kernel(const __grid_const
     values[4 * i + 3] = activate(p.activation, gate.w) * up.w;
   }
   __syncthreads();
-  quantize_row_fp8(values, I, p.codes + r * I, p.scale + r, p.sums + r * (I / kRowBlock), reduce);
+  if (p.amax_out != nullptr) {  // the first pass under tensor parallelism: only the row's amax
+    float amax = 0.0f;
+    for (int64_t i = threadIdx.x; i < I; i += blockDim.x) amax = fmaxf(amax, fabsf(values[i]));
+    for (int o = 16; o > 0; o /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, o));
+    if (threadIdx.x % 32 == 0) reduce[threadIdx.x / 32] = amax;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      for (unsigned w = 1; w < blockDim.x / 32; ++w) amax = fmaxf(amax, reduce[w]);
+      p.amax_out[r] = amax;
+    }
+    return;
+  }
+  // The scale of the dynamic formula, from the amax over every rank's slice when one is given.
+  const float scale = p.amax_in != nullptr ? fmaxf(p.amax_in[r], 1e-12f) / 448.0f : 0.0f;
+  quantize_row_fp8(values, I, p.codes + r * I, p.scale + r, p.sums + r * (I / kRowBlock), reduce, scale);
 }
 
 template <typename Kernel>
@@ -102,6 +123,20 @@ void activation_quantize_fp8(const ActivationArgs& p, cudaStream_t stream) {
   if (p.rows == 0) return;
   activation_kernel<<<static_cast<unsigned>(p.rows), kThreads, p.intermediate * sizeof(float), stream>>>(p);
   cuda_check(cudaGetLastError());
+}
+
+void activation_quantize_fp8(const ActivationArgs& p, Communicator* communicator, Tensor& amax,
+                             cudaStream_t stream) {
+  if (communicator == nullptr) return activation_quantize_fp8(p, stream);
+  check(amax.dtype() == DType::kF32 && amax.numel() >= p.rows, "activation_quantize_fp8: amax scratch too small");
+  ActivationArgs pass = p;
+  pass.amax_out = amax.data<float>();
+  activation_quantize_fp8(pass, stream);
+  Tensor rows_amax = amax.slice(0, p.rows);
+  communicator->all_reduce_max(rows_amax);
+  pass.amax_out = nullptr;
+  pass.amax_in = amax.data<float>();
+  activation_quantize_fp8(pass, stream);
 }
 
 }  // namespace nibble::cuda

@@ -42,8 +42,17 @@ struct ActivationArgs {
   const float* row_scale = nullptr;      // (rows)
   const float* channel_scale = nullptr;  // (E, 2I)
   const int32_t* row_expert = nullptr;   // (rows)
+  // Tensor parallelism (each rank holds a slice of I): amax_out set, the kernel only writes each row's
+  // amax of its slice; amax_in set, the row's scale is max(amax_in[r], 1e-12) / 448 (the dynamic
+  // formula over the whole row once the amax is reduced over ranks).
+  float* amax_out = nullptr;      // (rows)
+  const float* amax_in = nullptr;  // (rows)
 };
 
 void activation_quantize_fp8(const ActivationArgs& args, cudaStream_t stream);
+// The same, with `communicator` (nullptr: a single GPU): every rank's rows quantized with the amax
+// over all ranks, as one GPU holding the whole row would. amax: F32 scratch of at least `rows`.
+void activation_quantize_fp8(const ActivationArgs& args, Communicator* communicator, Tensor& amax,
+                             cudaStream_t stream);
 
 }  // namespace nibble::cuda

@@ -16,6 +16,40 @@ __device__ inline void cp_async_16(void* smem, const void* global, bool valid = 
                "r"(valid ? 16 : 0));
 }
 
+// Starts moving `bytes` (a multiple of 16, 16-byte aligned) of global memory into L2, asynchronously.
+__device__ inline void prefetch_l2_bulk(const void* global, uint32_t bytes) {
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(global), "r"(bytes) : "memory");
+}
+
+// mbarriers (shared memory, this CTA) and bulk copies that complete on them.
+__device__ inline void mbarrier_init(uint64_t* bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_address(bar)), "r"(count) : "memory");
+}
+// Makes initialized mbarriers visible to the asynchronous proxy (the bulk copies).
+__device__ inline void fence_mbarrier_init() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
+// Arrives on `bar` and expects `bytes` more of asynchronous copies to complete on it in this phase.
+__device__ inline void mbarrier_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_address(bar)), "r"(bytes)
+               : "memory");
+}
+__device__ inline void mbarrier_wait(uint64_t* bar, uint32_t parity) {
+  uint32_t done = 0;
+  while (!done)
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(smem_address(bar)), "r"(parity)
+        : "memory");
+}
+// `bytes` (a multiple of 16, both ends 16-byte aligned) global -> shared, completing on `bar`.
+__device__ inline void bulk_copy_to_shared(void* smem, const void* global, uint32_t bytes, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+          smem_address(smem)),
+      "l"(global), "r"(bytes), "r"(smem_address(bar))
+      : "memory");
+}
+
 __device__ inline void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 
 template <int kPending>
