@@ -13,7 +13,8 @@ namespace nibble::cuda {
 
 inline constexpr int kRowBlock = 64;  // must equal kGemmKBlock
 
-// All threads of the block call this; `values` holds `cols` floats (cols % 64 == 0).
+// All threads of the block call this; `values` holds `cols` floats (cols % 64 == 0, or cols % 16 == 0
+// when `sums` is nullptr: no block sums).
 __device__ inline void quantize_row_fp8(const float* values, int64_t cols, uint8_t* codes, float* scale_out,
                                         float* sums, float* reduce /* smem, 32 floats */,
                                         float static_scale = 0.0f) {
@@ -30,8 +31,12 @@ __device__ inline void quantize_row_fp8(const float* values, int64_t cols, uint8
   }
   __syncthreads();
   const float scale = reduce[0];
+  if (sums == nullptr) {  // no block sums wanted: any multiple of 16 columns
+    for (int64_t i = threadIdx.x; i < cols; i += blockDim.x)
+      codes[i] = __nv_cvt_float_to_fp8(values[i] / scale, __NV_SATFINITE, __NV_E4M3);
+  }
   // Each warp quantizes whole 64-wide blocks, two values a lane, and sums them.
-  for (int64_t blk = warp; blk < cols / kRowBlock; blk += warps) {
+  for (int64_t blk = warp; sums != nullptr && blk < cols / kRowBlock; blk += warps) {
     float sum = 0.0f;
 #pragma unroll
     for (int j = 0; j < 2; ++j) {

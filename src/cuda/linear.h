@@ -25,7 +25,6 @@ struct LinearWorkspace {
   Tensor lt_scratch;  // U8: cuBLASLt's workspace
   Tensor x_fp8;       // F8_E4M3 (T, K)
   Tensor x_scale;     // F32 (T)
-  Tensor x_sums;      // F32 (T, K / 64), unused here but written by the quantizer
   Tensor product;     // F32 (T, N): the unscaled FP8 product
   std::map<std::tuple<int64_t, int64_t, int64_t>, std::unique_ptr<LtFp8Gemm>> plans;  // (N, T, K)
   std::vector<Tensor> retired;

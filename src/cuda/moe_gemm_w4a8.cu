@@ -12,6 +12,7 @@
 #include <algorithm>
 
 #include "cuda/cuda_check.h"
+#include "cuda/kernel_attributes.h"
 #include "cuda/moe_gemm_w4a8.h"
 #include "cuda/ptx.cuh"
 #include "cuda/wgmma.cuh"
@@ -296,8 +297,8 @@ template <int kTokenTiles, bool kFp8>
 void launch(const GemmW4A8Args& p, cudaStream_t stream) {
   constexpr int kSmem = sizeof(GemmSmem<kTokenTiles, kFp8>);
   auto* kernel = moe_gemm_w4a8_kernel<kTokenTiles, kFp8>;
+  allow_dynamic_smem(reinterpret_cast<const void*>(kernel), kSmem);
   static const int resident = [&] {  // blocks an SM holds at once
-    cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
     int blocks = 0;
     cuda_check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kThreads, kSmem));
     return std::max(blocks, 1);

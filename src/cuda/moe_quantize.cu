@@ -5,6 +5,7 @@
 #include "cuda/activation.cuh"
 #include "cuda/cuda_check.h"
 #include "cuda/fp8_rows.cuh"
+#include "cuda/kernel_attributes.h"
 #include "cuda/moe_quantize.h"
 #include "model/communicator.h"
 
@@ -39,8 +40,8 @@ __global__ void __launch_bounds__(kThreads) quantize_rows_kernel(const __grid_co
     }
   }
   __syncthreads();
-  quantize_row_fp8(values, p.cols, p.codes + r * p.cols, p.scale + r, p.sums + r * (p.cols / kRowBlock), reduce,
-                   p.static_scale);
+  quantize_row_fp8(values, p.cols, p.codes + r * p.cols, p.scale + r,
+                   p.sums != nullptr ? p.sums + r * (p.cols / kRowBlock) : nullptr, reduce, p.static_scale);
 }
 
 __global__ void __launch_bounds__(kThreads) activation_kernel(const __grid_constant__ ActivationArgs p) {
@@ -100,16 +101,15 @@ __global__ void __launch_bounds__(kThreads) activation_kernel(const __grid_const
 
 template <typename Kernel>
 void set_smem(Kernel kernel) {
-  cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  static_cast<int>(kMaxCols * sizeof(float))));
+  allow_dynamic_smem(reinterpret_cast<const void*>(kernel), static_cast<int>(kMaxCols * sizeof(float)));
 }
 
 }  // namespace
 
 void quantize_rows_fp8(const QuantizeRowsArgs& p, cudaStream_t stream) {
-  check(p.cols % kRowBlock == 0 && p.cols <= kMaxCols, "quantize_rows_fp8: ", p.cols, " columns");
-  static const bool configured = (set_smem(quantize_rows_kernel), true);
-  (void)configured;
+  check(p.cols % (p.sums != nullptr ? kRowBlock : 16) == 0 && p.cols <= kMaxCols, "quantize_rows_fp8: ", p.cols,
+        " columns");
+  set_smem(quantize_rows_kernel);
   if (p.rows == 0) return;
   quantize_rows_kernel<<<static_cast<unsigned>(p.rows), kThreads, p.cols * sizeof(float), stream>>>(p);
   cuda_check(cudaGetLastError());
@@ -118,8 +118,7 @@ void quantize_rows_fp8(const QuantizeRowsArgs& p, cudaStream_t stream) {
 void activation_quantize_fp8(const ActivationArgs& p, cudaStream_t stream) {
   check(p.intermediate % kRowBlock == 0 && p.intermediate <= kMaxCols, "activation_quantize_fp8: ",
         p.intermediate, " columns");
-  static const bool configured = (set_smem(activation_kernel), true);
-  (void)configured;
+  set_smem(activation_kernel);
   if (p.rows == 0) return;
   activation_kernel<<<static_cast<unsigned>(p.rows), kThreads, p.intermediate * sizeof(float), stream>>>(p);
   cuda_check(cudaGetLastError());

@@ -15,7 +15,7 @@ struct QuantizeRowsArgs {
   const void* x;     // BF16 (rows, cols)
   uint8_t* codes;    // FP8 (rows, cols)
   float* scale;      // (rows)
-  float* sums;       // (rows, cols / 64)
+  float* sums;       // (rows, cols / 64); nullptr: not written (then cols % 16 == 0 suffices)
   int64_t rows;
   int64_t cols;
   float static_scale = 0.0f;  // > 0: this per-tensor scale (values beyond ±448·scale saturate)
