@@ -10,7 +10,8 @@
 
 namespace nibble {
 
-enum class DType : uint8_t { kF32, kF16, kBF16, kF8E4M3, kI32, kI8, kU8, kI64 };
+// kF8E4M3FnUz: ROCm's e4m3fnuz bytes as a checkpoint may store them; loaders convert them to kF8E4M3.
+enum class DType : uint8_t { kF32, kF16, kBF16, kF8E4M3, kI32, kI8, kU8, kI64, kF8E4M3FnUz };
 
 struct DTypeTraits {
   DType dtype;
@@ -18,7 +19,7 @@ struct DTypeTraits {
   std::size_t size;  // bytes per element
 };
 
-inline constexpr std::array<DTypeTraits, 8> kDTypeTraits{{
+inline constexpr std::array<DTypeTraits, 9> kDTypeTraits{{
     {.dtype = DType::kF32, .safetensors_name = "F32", .size = 4},
     {.dtype = DType::kF16, .safetensors_name = "F16", .size = 2},
     {.dtype = DType::kBF16, .safetensors_name = "BF16", .size = 2},
@@ -27,6 +28,7 @@ inline constexpr std::array<DTypeTraits, 8> kDTypeTraits{{
     {.dtype = DType::kI8, .safetensors_name = "I8", .size = 1},
     {.dtype = DType::kU8, .safetensors_name = "U8", .size = 1},
     {.dtype = DType::kI64, .safetensors_name = "I64", .size = 8},
+    {.dtype = DType::kF8E4M3FnUz, .safetensors_name = "F8_E4M3FNUZ", .size = 1},
 }};
 
 constexpr const DTypeTraits& traits(DType dtype) { return kDTypeTraits[static_cast<int>(dtype)]; }

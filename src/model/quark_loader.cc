@@ -99,10 +99,14 @@ struct QuarkReader {
       case WeightFormat::kBf16:
         return {.weight = bf16_host(name, {rows, cols}, why), .scale = {}};
       case WeightFormat::kFp8: {
-        Tensor bytes = owned_copy(get(name, {DType::kF8E4M3}, "F8_E4M3", {rows, cols}, why));
+        // e4m3fnuz when quantization_config.fp8_dtype says so or the tensor's own dtype does.
+        const Tensor stored = get(name, {DType::kF8E4M3, DType::kF8E4M3FnUz}, "F8_E4M3 or F8_E4M3FNUZ",
+                                  {rows, cols}, why);
+        Tensor bytes = Tensor::zeros(DType::kF8E4M3, {rows, cols});
+        if (bytes.nbytes() > 0) std::memcpy(bytes.raw(), stored.raw(), bytes.nbytes());
         if (progress) progress(++done, total);
         float scale = scalar(layer + ".weight_scale");
-        if (quark.fp8_encoding == Fp8Encoding::kE4M3FnUz) {
+        if (quark.fp8_encoding == Fp8Encoding::kE4M3FnUz || stored.dtype() == DType::kF8E4M3FnUz) {
           for (int64_t i = 0; i < bytes.numel(); ++i)
             bytes.data<uint8_t>()[i] = fp8_e4m3fnuz_to_e4m3fn(bytes.data<uint8_t>()[i]);
           scale *= 0.5f;  // the same bits read as e4m3fn are twice the e4m3fnuz value

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <iostream>
 #include <limits>
 
@@ -221,9 +222,14 @@ TEST_F(QuarkLoader, IgnoredLayersStayBf16) {
 }
 
 // An e4m3fnuz checkpoint holding the same values (same bytes, which read as fnuz are half the fn
-// value, so twice the scale) loads to the same weights; the fnuz NaN byte 0x80 becomes 0.
-TEST_F(QuarkLoader, E4M3FnUzIsConvertedOnLoad) {
-  const fs::path path = dir_->path() / "fnuz";
+// value, so twice the scale) loads to the same weights; the fnuz NaN byte 0x80 becomes 0. The
+// encoding is signalled by quantization_config.fp8_dtype, or by the tensors' own safetensors dtype
+// F8_E4M3FNUZ (what torch.float8_e4m3fnuz tensors are saved as).
+class QuarkLoaderFnUz : public QuarkLoader, public ::testing::WithParamInterface<bool> {};
+
+TEST_P(QuarkLoaderFnUz, IsConvertedOnLoad) {
+  const bool by_dtype = GetParam();
+  const fs::path path = dir_->path() / (by_dtype ? "fnuz-dtype" : "fnuz-config");
   const std::string poisoned = "model.layers.0.self_attn.q_proj.weight";
   test::write_variant(
       quantized(), path,
@@ -236,9 +242,16 @@ TEST_F(QuarkLoader, E4M3FnUzIsConvertedOnLoad) {
           t.at(name.substr(0, name.size() - 7) + ".weight_scale").data<float>()[0] *= 2;
         }
         t.at(poisoned).data<uint8_t>()[5] = 0x80;
+        if (by_dtype)
+          for (auto& [name, tensor] : t)
+            if (tensor.dtype() == DType::kF8E4M3) {
+              Tensor fnuz = Tensor::zeros(DType::kF8E4M3FnUz, tensor.shape());
+              std::memcpy(fnuz.raw(), tensor.raw(), tensor.nbytes());
+              tensor = fnuz;
+            }
       },
-      [](nlohmann::json& config) {
-        config["quantization_config"]["fp8_dtype"] = "float8_e4m3fnuz";
+      [&](nlohmann::json& config) {
+        if (!by_dtype) config["quantization_config"]["fp8_dtype"] = "float8_e4m3fnuz";
       });
   auto fnuz = test::load_quark(path);
   auto fn = test::load_quark(quantized());
@@ -257,6 +270,9 @@ TEST_F(QuarkLoader, E4M3FnUzIsConvertedOnLoad) {
       }
     }
 }
+
+INSTANTIATE_TEST_SUITE_P(Signal, QuarkLoaderFnUz, ::testing::Values(false, true),
+                         [](const auto& info) { return info.param ? "SafetensorsDtype" : "ConfigFp8Dtype"; });
 
 // Older exports name the KV scales k_scale/v_scale (or kv_scale) under self_attn.
 TEST_F(QuarkLoader, OtherKvScaleNamesAreRead) {
