@@ -233,16 +233,6 @@ __global__ void __launch_bounds__(kHeadDim) merge_kernel(const __grid_constant__
       __float2bfloat16_rn(den > 0.0f ? num / den * a.v_scale : 0.0f);
 }
 
-int sm_count() {
-  static const int sms = [] {
-    int device = 0, n = 0;
-    cuda_check(cudaGetDevice(&device));
-    cuda_check(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device));
-    return n;
-  }();
-  return sms;
-}
-
 }  // namespace
 
 bool attention_decode_supported(const ForwardBatch& batch, const AttentionParams& params) {
@@ -256,7 +246,7 @@ void attention_decode(const Tensor& qkv, const KvCacheLayer& cache, KvCacheDType
   check(attention_decode_supported(batch, params), "attention_decode: unsupported batch or head layout");
   const int64_t S = batch.num_seqs, Hq = params.num_heads;
   if (S == 0) return;
-  const int64_t blocks_wanted = 2 * int64_t{sm_count()};
+  const int64_t blocks_wanted = 2 * int64_t{multiprocessor_count()};
   const int splits = static_cast<int>(
       std::clamp<int64_t>((blocks_wanted + S * params.num_kv_heads - 1) / (S * params.num_kv_heads), 1, kMaxSplits));
   Tensor part_acc = empty(DType::kF32, {S, Hq, splits, kHeadDim});

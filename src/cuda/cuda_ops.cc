@@ -150,7 +150,12 @@ void CudaOps::moe(const Tensor& x, const MoeWeights& w, const MoeParams& params,
                                .gate_up_scale = w.experts.gate_up_scale, .down = w.experts.down,
                                .down_scale = w.experts.down_scale, .router = w.router};
   if (!moe_ws_ || moe_ws_->max_tokens < x.dim(0) || moe_ws_->top_k != params.top_k) {
-    if (moe_ws_) retired_moe_ws_.push_back(std::move(moe_ws_));
+    if (moe_ws_) {
+      // Recorded graphs may still read the decode buffers; the prefill buffers (gigabytes at large
+      // token counts) never run inside a graph, so they go now.
+      moe_ws_->prefill.reset();
+      retired_moe_ws_.push_back(std::move(moe_ws_));
+    }
     moe_ws_ = std::make_unique<MoeWorkspace>(weights, std::max<int64_t>(x.dim(0), 64), params.top_k);
   }
   moe_w4a8(x, weights, params, *moe_ws_, out, stream_);

@@ -1,6 +1,7 @@
 // Device memory management: the stream-ordered pool, copies, and graph-capture allocations.
 #include "cuda/device.h"
 
+#include <atomic>
 #include <cstdint>
 #include <mutex>
 
@@ -42,6 +43,20 @@ cudaStream_t compute_stream() {
     cuda_check(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold));
   }
   return streams[device];
+}
+
+int multiprocessor_count() {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> counts[kMaxDevices] = {};
+  int device = 0;
+  cuda_check(cudaGetDevice(&device));
+  check(device >= 0 && device < kMaxDevices, "CUDA device ", device, " out of range");
+  if (counts[device] == 0) {
+    int n = 0;
+    cuda_check(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device));
+    counts[device] = n;
+  }
+  return counts[device];
 }
 
 Tensor empty(DType dtype, Shape shape) {

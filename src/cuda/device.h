@@ -22,6 +22,9 @@ int device_count();
 // may use).
 cudaStream_t compute_stream();
 
+// Streaming multiprocessors of the current device (asked once a device).
+int multiprocessor_count();
+
 Tensor empty(DType dtype, Shape shape);  // uninitialized device memory
 Tensor upload(const Tensor& host);       // synchronous
 Tensor download(const Tensor& device_tensor);  // waits for the work queued on compute_stream

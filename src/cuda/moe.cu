@@ -14,13 +14,6 @@
 namespace nibble::cuda {
 namespace {
 
-int sm_count() {
-  int device = 0, sms = 0;
-  cuda_check(cudaGetDevice(&device));
-  cuda_check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  return sms;
-}
-
 // The most floats a split GEMM output needs over every token count up to max_tokens.
 int64_t max_split_rows(int64_t n, int64_t k, int64_t experts, int64_t top_k, int64_t max_tokens, int sms) {
   int64_t most = 0;
@@ -74,7 +67,7 @@ MoeWeightsW4A8 upload_moe_w4a8(const MoeWeights& host) {
 }
 
 MoeWorkspace::MoeWorkspace(const MoeWeightsW4A8& w, int64_t tokens, int64_t k, PrefillOptions options)
-    : max_tokens(tokens), top_k(k), num_sms(sm_count()), prefill_options(options) {
+    : max_tokens(tokens), top_k(k), num_sms(multiprocessor_count()), prefill_options(options) {
   const int64_t E = w.num_experts, H = w.hidden_size, I = w.intermediate_size, rows = tokens * k;
   check(tokens >= 1 && k >= 1 && k <= E, "MoeWorkspace: bad sizes");
   router_logits = empty(DType::kF32, {tokens, E});

@@ -12,6 +12,7 @@
 #include <algorithm>
 
 #include "cuda/cuda_check.h"
+#include "cuda/device.h"
 #include "cuda/kernel_attributes.h"
 #include "cuda/moe_gemm_w4a8.h"
 #include "cuda/ptx.cuh"
@@ -283,16 +284,6 @@ __global__ void __launch_bounds__(kThreads, (Tile<kTokenTiles, kFp8>::kMinBlocks
   ptx::cp_async_wait<0>();
 }
 
-int sm_count() {
-  static const int sms = [] {
-    int device = 0, n = 0;
-    cuda_check(cudaGetDevice(&device));
-    cuda_check(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device));
-    return n;
-  }();
-  return sms;
-}
-
 template <int kTokenTiles, bool kFp8>
 void launch(const GemmW4A8Args& p, cudaStream_t stream) {
   constexpr int kSmem = sizeof(GemmSmem<kTokenTiles, kFp8>);
@@ -307,7 +298,7 @@ void launch(const GemmW4A8Args& p, cudaStream_t stream) {
   // for the last), even if that leaves a few SM slots empty.
   const int64_t groups = (p.n / 16 + kWarps - 1) / kWarps;
   const int64_t units = p.expert_slots * groups * p.splits;
-  const int64_t slots = static_cast<int64_t>(sm_count()) * resident;
+  const int64_t slots = static_cast<int64_t>(multiprocessor_count()) * resident;
   const int64_t per_block = (units + slots - 1) / slots;
   const auto grid = static_cast<unsigned>((units + per_block - 1) / per_block);
   kernel<<<grid, kThreads, kSmem, stream>>>(p);
