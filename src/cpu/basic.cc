@@ -1,11 +1,15 @@
 // CpuOps: memory, embedding, RMSNorm, residual add, scaling, linear layers and logits.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>
 
 #include "core/bf16.h"
+#include "core/fp8.h"
 #include "cpu/cpu_ops.h"
 #include "cpu/gemm.h"
+#include "model/communicator.h"
+#include "quant/fp8_quant.h"
 
 namespace nibble {
 
@@ -53,10 +57,20 @@ void CpuOps::scale(Tensor& x, float factor) {
   for (int64_t i = 0; i < x.numel(); ++i) x.data<float>()[i] *= factor;
 }
 
-void CpuOps::linear(const Tensor& x, const Linear& w, Tensor& out) {
+void CpuOps::linear(const Tensor& x, const Linear& w, Tensor& out, Communicator* row_group) {
   expect(x, DType::kF32, {-1, w.in_features}, "linear input");
   expect(out, DType::kF32, {x.dim(0), w.out_features}, "linear output");
-  gemm(x.data<float>(), x.dim(0), view_of(w), out.data<float>());
+  const int64_t T = x.dim(0), K = w.in_features;
+  Tensor row_scales;  // the dynamic per-row FP8 scales over every rank's slice of the rows
+  if (row_group != nullptr && w.format != WeightFormat::kBf16 && w.input_scale <= 0.0f) {
+    row_scales = Tensor::zeros(DType::kF32, {T});
+    float* amax = row_scales.data<float>();
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t k = 0; k < K; ++k) amax[t] = std::max(amax[t], std::fabs(x.data<float>()[t * K + k]));
+    row_group->all_reduce_max(row_scales);
+    for (int64_t t = 0; t < T; ++t) amax[t] = std::max(amax[t], kMinActivationAmax) / kFp8E4M3Max;
+  }
+  gemm(x.data<float>(), T, view_of(w), out.data<float>(), row_scales.numel() > 0 ? row_scales.data<float>() : nullptr);
 }
 
 void CpuOps::logits(const Tensor& x, const Tensor& rows, const Linear& w, Tensor& out) {

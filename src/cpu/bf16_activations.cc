@@ -34,8 +34,8 @@ void Bf16ActivationOps::scale(Tensor& x, float factor) {
   if (x.raw() != last_logits_) round_activations(x);
 }
 
-void Bf16ActivationOps::linear(const Tensor& x, const Linear& w, Tensor& out) {
-  cpu_.linear(x, w, out);
+void Bf16ActivationOps::linear(const Tensor& x, const Linear& w, Tensor& out, Communicator* row_group) {
+  cpu_.linear(x, w, out, row_group);
   round_activations(out);
 }
 

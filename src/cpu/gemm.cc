@@ -55,7 +55,7 @@ WeightView view_of(const Linear& w) {
           .input_scale = w.input_scale};
 }
 
-void gemm(const float* x, int64_t tokens, const WeightView& w, float* out) {
+void gemm(const float* x, int64_t tokens, const WeightView& w, float* out, const float* row_scales) {
   const int64_t K = w.cols, N = w.rows;
   const bool quantized = w.format != WeightFormat::kBf16;
   // Activations as the GPU sees them: FP8 values (exact in fp32) and one scale per token.
@@ -64,7 +64,8 @@ void gemm(const float* x, int64_t tokens, const WeightView& w, float* out) {
   if (quantized) {
     std::vector<uint8_t> codes(K);
     for (int64_t t = 0; t < tokens; ++t) {
-      act_scale[t] = quantize_fp8_row({x + t * K, static_cast<std::size_t>(K)}, codes, w.input_scale);
+      act_scale[t] = quantize_fp8_row({x + t * K, static_cast<std::size_t>(K)}, codes,
+                                      row_scales != nullptr ? row_scales[t] : w.input_scale);
       for (int64_t k = 0; k < K; ++k) a[t * K + k] = fp8_table()[codes[k]];
     }
   }

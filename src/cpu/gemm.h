@@ -22,7 +22,8 @@ struct WeightView {
 
 WeightView view_of(const Linear& w);
 
-// x: (T, K) fp32 row-major; out: (T, N) fp32 row-major.
-void gemm(const float* x, int64_t tokens, const WeightView& w, float* out);
+// x: (T, K) fp32 row-major; out: (T, N) fp32 row-major. row_scales (T), quantized formats only: each
+// row's FP8 activation scale, given (instead of the weight's static one or the row's own amax).
+void gemm(const float* x, int64_t tokens, const WeightView& w, float* out, const float* row_scales = nullptr);
 
 }  // namespace nibble

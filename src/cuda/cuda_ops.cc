@@ -113,8 +113,8 @@ void CudaOps::add(Tensor& x, const Tensor& y) { residual_add(x, y, stream_); }
 
 void CudaOps::scale(Tensor& x, float factor) { cuda::scale(x, factor, stream_); }
 
-void CudaOps::linear(const Tensor& x, const Linear& w, Tensor& out) {
-  cuda::linear(x, w, out, cublas_, linear_ws_, stream_);
+void CudaOps::linear(const Tensor& x, const Linear& w, Tensor& out, Communicator* row_group) {
+  cuda::linear(x, w, out, cublas_, linear_ws_, stream_, row_group);
 }
 
 void CudaOps::logits(const Tensor& x, const Tensor& rows, const Linear& w, Tensor& out) {

@@ -48,7 +48,7 @@ void grow(Tensor& t, DType dtype, int64_t numel, std::vector<Tensor>& retired) {
 }  // namespace
 
 void linear(const Tensor& x, const Linear& w, Tensor& out, cublasHandle_t handle, LinearWorkspace& ws,
-            cudaStream_t stream) {
+            cudaStream_t stream, Communicator* row_group) {
   const int64_t T = x.dim(0), N = w.out_features, K = w.in_features;
   expect(x, DType::kBF16, {-1, K}, "linear input");
   check(out.dtype() == DType::kBF16 || out.dtype() == DType::kF32, "linear output must be BF16 or F32");
@@ -72,9 +72,18 @@ void linear(const Tensor& x, const Linear& w, Tensor& out, cublasHandle_t handle
   grow(ws.x_scale, DType::kF32, T, ws.retired);
   grow(ws.product, DType::kF32, T * N, ws.retired);
   grow(ws.lt_scratch, DType::kU8, static_cast<int64_t>(kLtScratchBytes), ws.retired);
-  quantize_rows_fp8({.x = x.raw(), .codes = ws.x_fp8.data<uint8_t>(), .scale = ws.x_scale.data<float>(),
-                     .sums = nullptr, .rows = T, .cols = K, .static_scale = w.input_scale},
-                    stream);
+  QuantizeRowsArgs quantize{.x = x.raw(), .codes = ws.x_fp8.data<uint8_t>(), .scale = ws.x_scale.data<float>(),
+                            .sums = nullptr, .rows = T, .cols = K, .static_scale = w.input_scale};
+  if (row_group != nullptr && w.input_scale <= 0.0f) {  // each row's amax over every rank's slice first
+    grow(ws.x_amax, DType::kF32, T, ws.retired);
+    QuantizeRowsArgs amax = quantize;
+    amax.amax_out = ws.x_amax.data<float>();
+    quantize_rows_fp8(amax, stream);
+    Tensor rows_amax = ws.x_amax.slice(0, T);
+    row_group->all_reduce_max(rows_amax);
+    quantize.amax_in = ws.x_amax.data<float>();
+  }
+  quantize_rows_fp8(quantize, stream);
   auto& plan = ws.plans[{N, T, K}];
   if (!plan) plan = std::make_unique<LtFp8Gemm>(ws.lt, N, T, K, kLtScratchBytes, DType::kF32);
   plan->run(w.weight.raw(), ws.x_fp8.raw(), ws.product.raw(), 1.0f, ws.lt_scratch.raw(), stream);

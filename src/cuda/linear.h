@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "cuda/lt_fp8_gemm.h"
+#include "model/communicator.h"
 #include "model/weights.h"
 
 namespace nibble::cuda {
@@ -25,13 +26,14 @@ struct LinearWorkspace {
   Tensor lt_scratch;  // U8: cuBLASLt's workspace
   Tensor x_fp8;       // F8_E4M3 (T, K)
   Tensor x_scale;     // F32 (T)
+  Tensor x_amax;      // F32 (T): rows' amax over ranks (a row-parallel linear under tensor parallelism)
   Tensor product;     // F32 (T, N): the unscaled FP8 product
   std::map<std::tuple<int64_t, int64_t, int64_t>, std::unique_ptr<LtFp8Gemm>> plans;  // (N, T, K)
   std::vector<Tensor> retired;
 };
 
-// out: BF16 or F32 (T, N).
+// out: BF16 or F32 (T, N). row_group: see Ops::linear (x is this rank's slice of each row).
 void linear(const Tensor& x, const Linear& w, Tensor& out, cublasHandle_t handle, LinearWorkspace& ws,
-            cudaStream_t stream);
+            cudaStream_t stream, Communicator* row_group = nullptr);
 
 }  // namespace nibble::cuda

@@ -22,6 +22,19 @@ __device__ void write_zero_row(uint8_t* codes, int64_t cols, float* scale, float
   if (threadIdx.x == 0) *scale = 0.0f;
 }
 
+// The first pass under tensor parallelism: the amax of the row staged in `values` (all threads call).
+__device__ void write_row_amax(const float* values, int64_t cols, float* amax_out, float* reduce) {
+  float amax = 0.0f;
+  for (int64_t i = threadIdx.x; i < cols; i += blockDim.x) amax = fmaxf(amax, fabsf(values[i]));
+  for (int o = 16; o > 0; o /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, o));
+  if (threadIdx.x % 32 == 0) reduce[threadIdx.x / 32] = amax;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (unsigned w = 1; w < blockDim.x / 32; ++w) amax = fmaxf(amax, reduce[w]);
+    *amax_out = amax;
+  }
+}
+
 __global__ void __launch_bounds__(kThreads) quantize_rows_kernel(const __grid_constant__ QuantizeRowsArgs p) {
   extern __shared__ float values[];
   __shared__ float reduce[32];
@@ -40,8 +53,10 @@ __global__ void __launch_bounds__(kThreads) quantize_rows_kernel(const __grid_co
     }
   }
   __syncthreads();
+  if (p.amax_out != nullptr) return write_row_amax(values, p.cols, p.amax_out + r, reduce);
+  const float scale = p.amax_in != nullptr ? fmaxf(p.amax_in[r], 1e-12f) / 448.0f : p.static_scale;
   quantize_row_fp8(values, p.cols, p.codes + r * p.cols, p.scale + r,
-                   p.sums != nullptr ? p.sums + r * (p.cols / kRowBlock) : nullptr, reduce, p.static_scale);
+                   p.sums != nullptr ? p.sums + r * (p.cols / kRowBlock) : nullptr, reduce, scale);
 }
 
 __global__ void __launch_bounds__(kThreads) activation_kernel(const __grid_constant__ ActivationArgs p) {
@@ -82,18 +97,8 @@ __global__ void __launch_bounds__(kThreads) activation_kernel(const __grid_const
     values[4 * i + 3] = activate(p.activation, gate.w) * up.w;
   }
   __syncthreads();
-  if (p.amax_out != nullptr) {  // the first pass under tensor parallelism: only the row's amax
-    float amax = 0.0f;
-    for (int64_t i = threadIdx.x; i < I; i += blockDim.x) amax = fmaxf(amax, fabsf(values[i]));
-    for (int o = 16; o > 0; o /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, o));
-    if (threadIdx.x % 32 == 0) reduce[threadIdx.x / 32] = amax;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      for (unsigned w = 1; w < blockDim.x / 32; ++w) amax = fmaxf(amax, reduce[w]);
-      p.amax_out[r] = amax;
-    }
-    return;
-  }
+  // The first pass under tensor parallelism: only the row's amax.
+  if (p.amax_out != nullptr) return write_row_amax(values, I, p.amax_out + r, reduce);
   // The scale of the dynamic formula, from the amax over every rank's slice when one is given.
   const float scale = p.amax_in != nullptr ? fmaxf(p.amax_in[r], 1e-12f) / 448.0f : 0.0f;
   quantize_row_fp8(values, I, p.codes + r * I, p.scale + r, p.sums + r * (I / kRowBlock), reduce, scale);

@@ -22,6 +22,11 @@ struct QuantizeRowsArgs {
   // Optional gather (the prefill path): row r reads x row src_row[r]; -1 writes a row of zero codes
   // (scale 0, sums 0). nullptr: row r reads x row r.
   const int32_t* src_row = nullptr;  // (rows)
+  // Tensor parallelism (a row-parallel linear: each rank holds a slice of every row): amax_out set,
+  // the kernel only writes each row's amax; amax_in set, row r's scale is max(amax_in[r], 1e-12) / 448
+  // (the dynamic formula, once the amax is reduced over the ranks).
+  float* amax_out = nullptr;       // (rows)
+  const float* amax_in = nullptr;  // (rows)
 };
 
 void quantize_rows_fp8(const QuantizeRowsArgs& args, cudaStream_t stream);

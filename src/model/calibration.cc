@@ -72,7 +72,7 @@ class CalibratingOps final : public Ops {
     inner_.moe(x, w, params, out);
   }
 
-  void linear(const Tensor& x, const Linear& w, Tensor& out) override {
+  void linear(const Tensor& x, const Linear& w, Tensor& out, Communicator* row_group = nullptr) override {
     if (const auto it = points_.find(&w); it != points_.end() && layers_ != nullptr) {
       LayerCalibration& layer = (*layers_)[it->second.layer];
       const float amax = column_amax(inner_, x, 0, x.dim(1));
@@ -83,7 +83,7 @@ class CalibratingOps final : public Ops {
         layer.o_input_amax = std::max(layer.o_input_amax, amax);
       }
     }
-    inner_.linear(x, w, out);
+    inner_.linear(x, w, out, row_group);
   }
 
   void attention(const Tensor& qkv, KvCacheLayer& cache, KvCacheDType cache_dtype,

@@ -45,12 +45,14 @@ Tensor Model::forward(const ForwardBatch& batch, KvCache& cache) {
   const auto eps = static_cast<float>(c.rms_norm_eps);
   const auto softmax_scale = static_cast<float>(
       c.attn_output_multiplier.value_or(1.0 / std::sqrt(static_cast<double>(c.head_dim))));
+  // The rank group under tensor parallelism, null on one rank.
+  Communicator* const tp_group = communicator_ != nullptr && communicator_->size() > 1 ? communicator_ : nullptr;
   const MoeParams moe{
       .top_k = c.num_experts_per_tok,
       .router_norm = c.norm_topk_prob ? RouterNorm::kRenormalize : RouterNorm::kNone,
       .activation = activation_of(c.hidden_act),
       .router_softcap = static_cast<float>(c.router_logit_softcapping),
-      .communicator = communicator_ != nullptr && communicator_->size() > 1 ? communicator_ : nullptr};
+      .communicator = tp_group};
   const bool sandwich = c.norm_placement == NormPlacement::kSandwich;
 
   Tensor x = ops_.empty(act, {tokens, c.hidden_size});  // the residual stream
@@ -61,7 +63,7 @@ Tensor Model::forward(const ForwardBatch& batch, KvCache& cache) {
 
   // y (a rank's partial sum under tensor parallelism) = the sum over the ranks.
   const auto all_reduce = [&] {
-    if (communicator_ != nullptr && communicator_->size() > 1) communicator_->all_reduce_sum(y);
+    if (tp_group != nullptr) tp_group->all_reduce_sum(y);
   };
   // x += y, or x += post_norm(y) with sandwich norms.
   const auto residual_add = [&](const Tensor& post_norm) {
@@ -90,7 +92,7 @@ Tensor Model::forward(const ForwardBatch& batch, KvCache& cache) {
     ops_.linear(h, layer.attention.qkv_proj, qkv);
     ops_.rope(qkv, batch.positions, attention, c.rope_theta);
     ops_.attention(qkv, cache.layers[i], cache.dtype, batch, attention, attn);
-    ops_.linear(attn, layer.attention.o_proj, y);
+    ops_.linear(attn, layer.attention.o_proj, y, tp_group);
     all_reduce();
     residual_add(layer.post_attn_norm);
 

@@ -87,7 +87,10 @@ class Ops {
   // x *= factor, for x in the activation dtype or F32 (logits), any shape.
   virtual void scale(Tensor& x, float factor) = 0;
   // out (T, out_features) = x (T, in_features) · Wᵀ; quantized formats quantize x to FP8 first.
-  virtual void linear(const Tensor& x, const Linear& w, Tensor& out) = 0;
+  // row_group (tensor parallelism, a row-parallel linear such as o_proj): x holds this rank's slice
+  // of each row, and a dynamic FP8 scale comes from the row's amax over every rank's slice (an
+  // all_reduce_max), so that each rank quantizes exactly as one GPU holding the whole row would.
+  virtual void linear(const Tensor& x, const Linear& w, Tensor& out, Communicator* row_group = nullptr) = 0;
   // out (R, N) F32 = rows `rows` (R) I32 of x (T, in) times Wᵀ: the lm_head on the rows that need logits.
   virtual void logits(const Tensor& x, const Tensor& rows, const Linear& w, Tensor& out) = 0;
   // Neox-style rotary embedding, in place, on the q and k parts of qkv (T, (Hq + 2·Hkv)·D) at
