@@ -25,26 +25,15 @@ namespace {
 
 using test::compare;
 using test::Comparison;
+using test::expect_error;
 using test::full_logits;
+using test::prompt_ids;
 
 #define SKIP_WITHOUT_TWO_GPUS() \
   if (::nibble::cuda::device_count() < 2) GTEST_SKIP() << "fewer than 2 CUDA devices"
 
 constexpr char kMixtral[] = "tests/fixtures/tiny-mixtral";
 constexpr char kGrok1[] = "tests/fixtures/tiny-grok1";
-
-std::vector<int32_t> prompt_ids(const std::string& dir) {
-  return test::read_json(dir + "-reference.json")["ids"].get<std::vector<int32_t>>();
-}
-
-void expect_error(const std::function<void()>& f, const std::string& text) {
-  try {
-    f();
-    ADD_FAILURE() << "no error; expected one containing \"" << text << "\"";
-  } catch (const std::exception& e) {
-    EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << e.what();
-  }
-}
 
 // bf16: each rank's o_proj and MoE output is rounded to BF16 before the all-reduce, where one GPU
 // rounds the whole sum once: tp 2 and tp 1 differ by BF16 rounding, which the CPU twin with BF16

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -23,6 +24,21 @@ namespace nibble::test {
 inline nlohmann::json read_json(const std::string& path) {
   std::ifstream in(path);
   return nlohmann::json::parse(in);
+}
+
+// The prompt ids of a fixture's torch reference (DIR-reference.json beside DIR).
+inline std::vector<int32_t> prompt_ids(const std::string& dir) {
+  return read_json(dir + "-reference.json")["ids"].get<std::vector<int32_t>>();
+}
+
+// `f` throws an error whose message contains `text`.
+inline void expect_error(const std::function<void()>& f, const std::string& text) {
+  try {
+    f();
+    ADD_FAILURE() << "no error; expected one containing \"" << text << "\"";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << e.what();
+  }
 }
 
 struct Loaded {

@@ -16,7 +16,9 @@ namespace {
 
 using test::compare;
 using test::Comparison;
+using test::expect_error;
 using test::full_logits;
+using test::prompt_ids;
 
 constexpr char kMixtral[] = "tests/fixtures/tiny-mixtral";
 constexpr char kGrok1[] = "tests/fixtures/tiny-grok1";
@@ -35,10 +37,6 @@ std::unique_ptr<TpLoaded> load_tp(const std::string& dir, Quantization q, int n)
   for (int r = 1; r < n; ++r) peers.push_back(std::make_unique<CpuOps>());
   l->model = std::make_unique<TensorParallelModel>(c, w, l->ops, std::move(peers), make_thread_communicators(n));
   return l;
-}
-
-std::vector<int32_t> prompt_ids(const std::string& dir) {
-  return test::read_json(dir + "-reference.json")["ids"].get<std::vector<int32_t>>();
 }
 
 // The ranks' partial sums add up to the one-rank result up to fp32 summation order, for bf16 and for
@@ -186,15 +184,6 @@ TEST(TensorParallel, ShardShapesAndContents) {
   EXPECT_EQ(row_bytes(r3.attention.qkv_proj.weight, 16, 0, 64), row_bytes(qkv, 64 + 16, 0, 64));
   const LayerWeights r1 = shard_layer(bf16.layers[0], c, 1, 4);
   EXPECT_EQ(row_bytes(r1.attention.qkv_proj.weight, 16, 0, 64), row_bytes(qkv, 64, 0, 64));
-}
-
-void expect_error(const std::function<void()>& f, const std::string& text) {
-  try {
-    f();
-    ADD_FAILURE() << "no error; expected one containing \"" << text << "\"";
-  } catch (const std::exception& e) {
-    EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << e.what();
-  }
 }
 
 TEST(TensorParallel, RankCountsThatDoNotSplitFail) {
