@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <iostream>
@@ -24,6 +25,7 @@
 #include "model/memory_plan.h"
 #ifdef NIBBLE_HAS_CUDA
 #include "cuda/copy_bandwidth.h"
+#include "cuda/profiler_range.h"
 #endif
 
 namespace nibble {
@@ -81,10 +83,19 @@ struct RunResult {
   std::vector<std::vector<int32_t>> outputs;  // the tokens each sequence generated
 };
 
-// One round: prefill in steps of at most `chunk` tokens (a sequence may span steps), then decode.
+// The decode step (0-based) that NIBBLE_PROFILE_DECODE_STEP names, or -1: in the timed round that
+// step runs between cuda::profiler_start and profiler_stop, for `ncu --profile-from-start off`
+// (scripts/gpu-check profile).
+int64_t profiled_decode_step() {
+  const char* env = std::getenv("NIBBLE_PROFILE_DECODE_STEP");
+  return env != nullptr && *env != '\0' ? std::atoll(env) : -1;
+}
+
+// One round: prefill in steps of at most `chunk` tokens (a sequence may span steps), then decode;
+// decode step `profile_step` (or none: -1) inside a profiler range.
 RunResult run_once(ModelRunner& runner, BlockManager& blocks,
                    const std::vector<std::vector<int32_t>>& prompts, int64_t output_len,
-                   int64_t chunk) {
+                   int64_t chunk, int64_t profile_step = -1) {
   const RequestParams params{
       .sampling = {}, .max_tokens = output_len, .stop_token_ids = {}, .ignore_eos = true};
   std::vector<Sequence> seqs;
@@ -118,10 +129,12 @@ RunResult run_once(ModelRunner& runner, BlockManager& blocks,
   for (int64_t t = 0; t + 1 < output_len; ++t) {  // decode
     std::vector<ScheduledSeq> step;
     for (Sequence& seq : seqs) step.push_back({&seq, 1, true});
+    if (t == profile_step) cuda::profiler_start();
     const auto start = Clock::now();
     for (const ScheduledSeq& s : step) blocks.append_slots(*s.seq, 1);
     finish_step(step, runner.run(step));
     r.decode_latencies.push_back(seconds_since(start));
+    if (t == profile_step) cuda::profiler_stop();
   }
   for (const Sequence& seq : seqs)
     r.outputs.emplace_back(seq.tokens().begin() + seq.num_prompt_tokens(), seq.tokens().end());
@@ -201,7 +214,7 @@ int run_bench_one_batch(const Commands& c) {
   const auto warmup_start = Clock::now();
   run_once(runner, blocks, prompts, std::min(kWarmupOutputLen, b.output_len), chunk);
   std::cout << "Warmup done in " << seconds_since(warmup_start) << " s\nBenchmark ..." << std::endl;
-  const RunResult r = run_once(runner, blocks, prompts, b.output_len, chunk);
+  const RunResult r = run_once(runner, blocks, prompts, b.output_len, chunk, profiled_decode_step());
   print_run(b, r);
 
   // Figures, each decode step against its roofline. Under --tp-size N, `config` is rank 0's shard (its
