@@ -4,6 +4,7 @@
 #include <cmath>
 #include <vector>
 
+#include "cuda/argmax.h"
 #include "cuda/basic_ops.h"
 #include "cuda/cuda_check.h"
 #include "cuda/device.h"
@@ -112,6 +113,8 @@ void CudaOps::rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor&
 void CudaOps::add(Tensor& x, const Tensor& y) { residual_add(x, y, stream_); }
 
 void CudaOps::scale(Tensor& x, float factor) { cuda::scale(x, factor, stream_); }
+
+void CudaOps::argmax(const Tensor& x, Tensor& out) { argmax_rows(x, out, stream_); }
 
 void CudaOps::linear(const Tensor& x, const Linear& w, Tensor& out, Communicator* row_group) {
   cuda::linear(x, w, out, cublas_, linear_ws_, stream_, row_group);

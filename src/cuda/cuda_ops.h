@@ -39,6 +39,7 @@ class CudaOps final : public Ops {
   void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) override;
   void add(Tensor& x, const Tensor& y) override;
   void scale(Tensor& x, float factor) override;
+  void argmax(const Tensor& x, Tensor& out) override;
   void linear(const Tensor& x, const Linear& w, Tensor& out, Communicator* row_group = nullptr) override;
   void logits(const Tensor& x, const Tensor& rows, const Linear& w, Tensor& out) override;
   void rope(Tensor& qkv, const Tensor& positions, const AttentionParams& params, double theta) override;

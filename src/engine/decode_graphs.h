@@ -28,8 +28,9 @@ class DecodeGraphs {
   DecodeGraphs(Model& model, KvCache& cache, int64_t max_batch, int64_t max_blocks_per_seq, int32_t pad_block);
 
   bool covers(int64_t num_seqs) const;
-  // F32 (S, vocab) logits on the host.
-  Tensor run(const DecodeInputs& inputs);
+  // F32 (B, vocab) logits on the device, B >= S (the bucket's size): rows 0..S-1 are the inputs'.
+  // Valid until the next run.
+  const Tensor& run(const DecodeInputs& inputs);
 
  private:
   struct Graph {

@@ -27,11 +27,22 @@ ModelRunner::ModelRunner(Model& model, int64_t num_blocks, int64_t block_size, K
               max_blocks_per_seq(model, num_blocks, block_size, options), static_cast<int32_t>(num_blocks)) {}
 
 std::vector<int32_t> ModelRunner::sample(const std::vector<ScheduledSeq>& step, const Tensor& logits) {
+  Ops& ops = model_.ops();
   std::vector<int32_t> sampled;
-  std::size_t r = 0;
-  const auto vocab = static_cast<std::size_t>(logits.dim(1));
+  const bool greedy = std::all_of(step.begin(), step.end(),
+                                  [](const ScheduledSeq& s) { return !s.samples || s.seq->sampler.greedy(); });
+  if (greedy) {  // argmax where the logits are: R ids come back instead of R × vocab floats
+    Tensor ids = ops.empty(DType::kI32, {logits.dim(0)});
+    ops.argmax(logits, ids);
+    const Tensor host = ops.download(ids);
+    for (const ScheduledSeq& s : step)
+      if (s.samples) sampled.push_back(host.data<int32_t>()[sampled.size()]);
+    return sampled;
+  }
+  const Tensor host = ops.download(logits);
+  const auto vocab = static_cast<std::size_t>(host.dim(1));
   for (const ScheduledSeq& s : step)
-    if (s.samples) sampled.push_back(s.seq->sampler.sample({logits.data<float>() + r++ * vocab, vocab}));
+    if (s.samples) sampled.push_back(s.seq->sampler.sample({host.data<float>() + sampled.size() * vocab, vocab}));
   return sampled;
 }
 
@@ -88,7 +99,7 @@ std::vector<int32_t> ModelRunner::run(const std::vector<ScheduledSeq>& step) {
                            .logit_rows = ops.upload(host_i32(rows, {static_cast<int64_t>(rows.size())})),
                            .max_query_len = max_query,
                            .max_seq_len = max_len};
-  return sample(step, ops.download(model_.forward(batch, cache_)));
+  return sample(step, model_.forward(batch, cache_));
 }
 
 }  // namespace nibble

@@ -31,6 +31,9 @@ class ModelRunner {
   std::vector<int32_t> run(const std::vector<ScheduledSeq>& step);
 
  private:
+  // logits (R, vocab) F32 where the model wrote them, row i for the i-th sampling sequence (rows past
+  // those are padding). A step of greedy samplers takes the argmax there (GPU sampling); any other
+  // step downloads the logits and samples on the host.
   std::vector<int32_t> sample(const std::vector<ScheduledSeq>& step, const Tensor& logits);
   std::vector<int32_t> run_decode_graph(const std::vector<ScheduledSeq>& step);
 

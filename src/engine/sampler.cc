@@ -24,7 +24,7 @@ int32_t argmax(std::span<const float> values) {
 }
 
 int32_t Sampler::sample(std::span<const float> logits) {
-  if (params_.temperature == 0.0f || params_.top_k == 1) return argmax(logits);
+  if (greedy()) return argmax(logits);
   const auto n = static_cast<int64_t>(logits.size());
   std::vector<int32_t> order(n);
   std::iota(order.begin(), order.end(), 0);

@@ -22,6 +22,8 @@ class Sampler {
  public:
   explicit Sampler(const SamplingParams& params);
   int32_t sample(std::span<const float> logits);
+  // Whether sample() is the argmax (temperature 0 or top_k 1): the runner then takes it on the device.
+  bool greedy() const { return params_.temperature == 0.0f || params_.top_k == 1; }
 
  private:
   SamplingParams params_;

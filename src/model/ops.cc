@@ -1,6 +1,7 @@
 // Default implementations of the Ops interface.
 #include "model/ops.h"
 
+#include <algorithm>
 #include <cstring>
 
 namespace nibble {
@@ -22,6 +23,17 @@ void Ops::copy_to_device(const Tensor& host, Tensor& dst) {
             host.numel() == dst.numel(),
         "copy_to_device: ", host.describe(), " does not fit ", dst.describe());
   std::memcpy(dst.raw(), host.raw(), static_cast<std::size_t>(host.nbytes()));
+}
+
+void Ops::argmax(const Tensor& x, Tensor& out) {
+  check(x.device() == Device::kCpu && out.device() == Device::kCpu, "argmax: host tensors expected");
+  expect(x, DType::kF32, {-1, -1}, "argmax input");
+  expect(out, DType::kI32, {x.dim(0)}, "argmax output");
+  const int64_t V = x.dim(1);
+  for (int64_t r = 0; r < x.dim(0); ++r) {
+    const float* row = x.data<float>() + r * V;
+    out.data<int32_t>()[r] = static_cast<int32_t>(std::max_element(row, row + V) - row);
+  }
 }
 
 std::unique_ptr<RecordedStep> Ops::record(const std::function<void()>& /*step*/) { return nullptr; }

@@ -77,16 +77,23 @@ class Ops {
   virtual void copy_to_device(const Tensor& host, Tensor& dst);
   // Records the device work `step` queues, for replay; nullptr where the backend cannot record (CPU).
   virtual std::unique_ptr<RecordedStep> record(const std::function<void()>& step);
+  // out (R) I32 = the index of the largest value of each row of x (R, V) F32, ties to the lowest
+  // index (greedy sampling where the logits are: a step downloads R ids instead of R·V logits). The
+  // default works on host tensors (CPU backend).
+  virtual void argmax(const Tensor& x, Tensor& out);
 
   // out (T, H) = table[ids] for ids (T) I32 and table (V, H) BF16.
   virtual void embedding(const Tensor& ids, const Tensor& table, Tensor& out) = 0;
-  // out (T, H) = x / rms(x) × weight, weight (H) BF16.
+  // out (T, H) = x / rms(x) × weight, weight (H) BF16. x may also be F32 (a tensor-parallel sum):
+  // it is then rounded to the activation dtype as it is read, like add's y.
   virtual void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) = 0;
-  // x (T, H) += y (T, H).
+  // x (T, H) += y (T, H). y in the activation dtype, or F32 (a tensor-parallel sum of partials),
+  // rounded to the activation dtype as it is read: what one rank's op would have written there.
   virtual void add(Tensor& x, const Tensor& y) = 0;
   // x *= factor, for x in the activation dtype or F32 (logits), any shape.
   virtual void scale(Tensor& x, float factor) = 0;
   // out (T, out_features) = x (T, in_features) · Wᵀ; quantized formats quantize x to FP8 first.
+  // out in the activation dtype or F32.
   // row_group (tensor parallelism, a row-parallel linear such as o_proj): x holds this rank's slice
   // of each row, and a dynamic FP8 scale comes from the row's amax over every rank's slice (an
   // all_reduce_max), so that each rank quantizes exactly as one GPU holding the whole row would.
@@ -103,7 +110,8 @@ class Ops {
   virtual void attention(const Tensor& qkv, KvCacheLayer& cache, KvCacheDType cache_dtype,
                          const ForwardBatch& batch, const AttentionParams& params,
                          Tensor& out) = 0;
-  // The whole MoE layer: route, experts (gate_up, activation · up, down), weighted combine.
+  // The whole MoE layer: route, experts (gate_up, activation · up, down), weighted combine. out
+  // (T, H) in the activation dtype or F32 (a tensor-parallel rank's partial sum).
   virtual void moe(const Tensor& x, const MoeWeights& w, const MoeParams& params, Tensor& out) = 0;
 };
 
