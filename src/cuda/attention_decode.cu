@@ -135,8 +135,9 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
           for (int i = 0; i < kPer; ++i) dot[g] += q_s[g][v * kPer + i] * k[i];
         }
       }
-      for (int g = 0; g < G; ++g)
-        p_s[g][tid] = a.logit_softcap > 0.0f ? a.logit_softcap * tanhf(dot[g] / a.logit_softcap) : dot[g];
+#pragma unroll
+      for (int g = 0; g < kMaxGroup; ++g)
+        if (g < G) p_s[g][tid] = a.logit_softcap > 0.0f ? a.logit_softcap * tanhf(dot[g] / a.logit_softcap) : dot[g];
     } else {
       for (int g = 0; g < G; ++g) p_s[g][tid] = -FLT_MAX;
     }
@@ -178,7 +179,9 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
       if ((i * kThreads + tid) / kRowVecs < count) buf.v[i * kThreads + tid] = v_regs[i];
     __syncthreads();
     // Σ p·v: warp w takes keys w, w + 4, ...; lane owns dims 4·lane .. 4·lane + 3.
-    for (int g = 0; g < G; ++g) {
+#pragma unroll
+    for (int g = 0; g < kMaxGroup; ++g) {
+      if (g >= G) break;
       const float alpha = alpha_s[g];
 #pragma unroll
       for (int i = 0; i < 4; ++i) acc[g][i] *= alpha;
@@ -200,9 +203,11 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
   }
 
   // Sum the four warps' partial Σ p·v and write this slice.
-  for (int g = 0; g < G; ++g)
 #pragma unroll
-    for (int i = 0; i < 4; ++i) buf.acc[warp][g][4 * lane + i] = acc[g][i];
+  for (int g = 0; g < kMaxGroup; ++g)
+    if (g < G)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) buf.acc[warp][g][4 * lane + i] = acc[g][i];
   __syncthreads();
   for (int i = tid; i < G * kHeadDim; i += kThreads) {
     const int g = i / kHeadDim, d = i % kHeadDim;
@@ -246,12 +251,15 @@ void attention_decode(const Tensor& qkv, const KvCacheLayer& cache, KvCacheDType
   check(attention_decode_supported(batch, params), "attention_decode: unsupported batch or head layout");
   const int64_t S = batch.num_seqs, Hq = params.num_heads;
   if (S == 0) return;
-  const int64_t blocks_wanted = 2 * int64_t{multiprocessor_count()};
-  const int splits = static_cast<int>(
-      std::clamp<int64_t>((blocks_wanted + S * params.num_kv_heads - 1) / (S * params.num_kv_heads), 1, kMaxSplits));
+  const bool fp8 = cache_dtype == KvCacheDType::kFp8E4M3;
+  // Split each sequence's keys so that the grid fills every block slot of the device once.
+  int per_sm = 0;
+  cuda_check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+      &per_sm, fp8 ? decode_kernel<true> : decode_kernel<false>, kThreads, 0));
+  const int64_t slots = int64_t{std::max(per_sm, 1)} * multiprocessor_count();
+  const int splits = static_cast<int>(std::clamp<int64_t>(slots / (S * params.num_kv_heads), 1, kMaxSplits));
   Tensor part_acc = empty(DType::kF32, {S, Hq, splits, kHeadDim});
   Tensor part_ml = empty(DType::kF32, {S, Hq, splits, 2});
-  const bool fp8 = cache_dtype == KvCacheDType::kFp8E4M3;
   const DecodeArgs a{.qkv = qkv.data<bf16>(), .k_cache = cache.k.raw(), .v_cache = cache.v.raw(),
                      .block_tables = batch.block_tables.data<int32_t>(), .seq_lens = batch.seq_lens.data<int32_t>(),
                      .part_acc = part_acc.data<float>(), .part_ml = part_ml.data<float>(), .out = out.data<bf16>(),
