@@ -10,6 +10,7 @@
 // core matrices. The tensor cores sum 128 K at a time; every 128 K is added to fp32 registers, so
 // accumulation error does not grow with K.
 #include <algorithm>
+#include <cstdlib>
 
 #include "cuda/cuda_check.h"
 #include "cuda/device.h"
@@ -25,7 +26,15 @@ constexpr int kWarps = 4;  // one warpgroup: 64 output channels
 constexpr int kThreads = kWarps * 32;
 constexpr int kBlocksPerStage = 4;  // 64-wide K blocks per pipeline stage (256 K)
 constexpr int kCoreBytes = 128;     // a wgmma core matrix: 8 rows × 16 bytes
-constexpr int kPrefetchStages = 4;  // how far past the pipeline L2 is asked to fetch weights
+// How far past the pipeline L2 is asked to fetch weights (0: no L2 prefetch), and K splits aimed at
+// this many units per SM; NIBBLE_MOE_PREFETCH_STAGES and NIBBLE_MOE_UNITS_PER_SM override them (tuning).
+constexpr int kPrefetchStages = 4;
+constexpr int kUnitsPerSm = 12;
+
+int env_or(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  return v != nullptr && *v != '\0' ? std::atoi(v) : fallback;
+}
 
 template <int kTokenTiles, bool kFp8>
 struct Tile {
@@ -169,7 +178,8 @@ __global__ void __launch_bounds__(kThreads, (Tile<kTokenTiles, kFp8>::kMinBlocks
   walk.resolve(compute, p);
   walk.resolve(load, p);
   walk.resolve(ahead, p);
-  for (int s = 0; s < kStages - 1 + kPrefetchStages && walk.valid(ahead); ++s) {
+  const int prefetch = p.prefetch_stages;
+  for (int s = 0; prefetch > 0 && s < kStages - 1 + prefetch && walk.valid(ahead); ++s) {
     prefetch_stage(ahead);
     walk.advance(ahead, p);
   }
@@ -192,7 +202,7 @@ __global__ void __launch_bounds__(kThreads, (Tile<kTokenTiles, kFp8>::kMinBlocks
     if (walk.valid(load)) {
       load_stage(load, loaded++ % kStages);
       walk.advance(load, p);
-      if (walk.valid(ahead)) {
+      if (prefetch > 0 && walk.valid(ahead)) {
         prefetch_stage(ahead);
         walk.advance(ahead, p);
       }
@@ -301,7 +311,10 @@ void launch(const GemmW4A8Args& p, cudaStream_t stream) {
   const int64_t slots = static_cast<int64_t>(multiprocessor_count()) * resident;
   const int64_t per_block = (units + slots - 1) / slots;
   const auto grid = static_cast<unsigned>((units + per_block - 1) / per_block);
-  kernel<<<grid, kThreads, kSmem, stream>>>(p);
+  static const int prefetch_stages = env_or("NIBBLE_MOE_PREFETCH_STAGES", kPrefetchStages);
+  GemmW4A8Args args = p;
+  args.prefetch_stages = prefetch_stages;
+  kernel<<<grid, kThreads, kSmem, stream>>>(args);
   cuda_check(cudaGetLastError());
 }
 
@@ -318,7 +331,8 @@ int64_t choose_k_splits(int64_t n, int64_t k, int64_t expert_slots, int64_t rows
   (void)rows;
   const int64_t kblocks = k / kGemmKBlock;
   const int64_t pairs = expert_slots * ((n / 16 + kWarps - 1) / kWarps);  // (expert, 64 channels)
-  const int64_t target = static_cast<int64_t>(num_sms) * 12;  // about four units per resident block
+  static const int units_per_sm = env_or("NIBBLE_MOE_UNITS_PER_SM", kUnitsPerSm);
+  const int64_t target = static_cast<int64_t>(num_sms) * units_per_sm;  // about four units per resident block
   int64_t splits = std::clamp<int64_t>((target + pairs - 1) / pairs, 1, std::max<int64_t>(1, kblocks / kBlocksPerStage));
   const int64_t per_split = (kblocks + splits - 1) / splits;
   return (kblocks + per_split - 1) / per_split;  // no empty split

@@ -54,6 +54,7 @@ struct GemmW4A8Args {
   int64_t k;                    // K
   int64_t expert_slots;         // grid size over experts: min(E, T·K)
   int64_t splits;               // K splits; each covers a multiple of 64
+  int prefetch_stages = 0;      // set by the launch: L2 prefetch distance past the pipeline, in stages
 };
 
 // Picks the K split for a problem so that the GPU is full; `rows` is T·K (routed pairs).
