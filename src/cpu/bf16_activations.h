@@ -1,7 +1,9 @@
 // Bf16ActivationOps: the CPU backend with the GPU's activation precision. It runs CpuOps and rounds
 // every activation an op writes to the nearest BF16 value (kept in F32 tensors), as the CUDA backend
 // stores them, so the two backends compute the same function up to summation order: the twin for
-// end-to-end comparisons (`--dtype bfloat16` on the CPU). Logits stay F32 as on the GPU.
+// end-to-end comparisons (`--dtype bfloat16` on the CPU). Logits stay F32 as on the GPU, and so do a
+// tensor-parallel rank's partial sums (o_proj with a row_group, the MoE with a communicator): as on
+// the GPU, add and rms_norm round their sum to BF16 as they read it.
 #pragma once
 
 #include "cpu/cpu_ops.h"

@@ -1,4 +1,5 @@
-// Embedding, RMSNorm, residual add and rotary embedding kernels (BF16 activations, fp32 math).
+// Embedding, RMSNorm, residual add and rotary embedding kernels (BF16 activations, fp32 math). RMSNorm
+// and the residual add also read an F32 input: a tensor-parallel sum, rounded to BF16 as it is read.
 #include <cuda_bf16.h>
 
 #include "cuda/basic_ops.h"
@@ -8,6 +9,11 @@ namespace nibble::cuda {
 namespace {
 
 using bf16 = __nv_bfloat16;
+
+// An input activation as an op reads it: BF16 as stored; an F32 tensor-parallel sum rounded to BF16
+// first, the value one GPU's op would have stored there.
+__device__ inline float activation_value(bf16 v) { return __bfloat162float(v); }
+__device__ inline float activation_value(float v) { return __bfloat162float(__float2bfloat16_rn(v)); }
 
 __global__ void embedding_kernel(const int32_t* ids, const bf16* table, bf16* out, int64_t hidden) {
   const int64_t t = blockIdx.x;
@@ -20,13 +26,15 @@ __global__ void gather_kernel(const bf16* x, const int32_t* rows, bf16* out, int
   for (int64_t h = threadIdx.x; h < hidden; h += blockDim.x) out[r * hidden + h] = x[row * hidden + h];
 }
 
-__global__ void rms_norm_kernel(const bf16* x, const bf16* weight, float eps, bf16* out, int64_t hidden) {
+// In: BF16 or F32 (T, H); out BF16 (T, H).
+template <typename In>
+__global__ void rms_norm_kernel(const In* x, const bf16* weight, float eps, bf16* out, int64_t hidden) {
   __shared__ float partial[32];
   const int64_t t = blockIdx.x;
-  const bf16* row = x + t * hidden;
+  const In* row = x + t * hidden;
   float sum = 0.0f;
   for (int64_t h = threadIdx.x; h < hidden; h += blockDim.x) {
-    const float v = __bfloat162float(row[h]);
+    const float v = activation_value(row[h]);
     sum += v * v;
   }
   for (int o = 16; o > 0; o /= 2) sum += __shfl_xor_sync(0xFFFFFFFFu, sum, o);
@@ -40,12 +48,14 @@ __global__ void rms_norm_kernel(const bf16* x, const bf16* weight, float eps, bf
   __syncthreads();
   const float inv = partial[0];
   for (int64_t h = threadIdx.x; h < hidden; h += blockDim.x)
-    out[t * hidden + h] = __float2bfloat16_rn(__bfloat162float(row[h]) * inv * __bfloat162float(weight[h]));
+    out[t * hidden + h] = __float2bfloat16_rn(activation_value(row[h]) * inv * __bfloat162float(weight[h]));
 }
 
-__global__ void add_kernel(bf16* x, const bf16* y, int64_t n) {
+// x BF16 += y (BF16 or F32), summed in fp32 and rounded once.
+template <typename Y>
+__global__ void add_kernel(bf16* x, const Y* y, int64_t n) {
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (i < n) x[i] = __float2bfloat16_rn(__bfloat162float(x[i]) + __bfloat162float(y[i]));
+  if (i < n) x[i] = __float2bfloat16_rn(__bfloat162float(x[i]) + activation_value(y[i]));
 }
 
 __global__ void scale_bf16_kernel(bf16* x, float factor, int64_t n) {
@@ -94,20 +104,31 @@ void gather_rows(const Tensor& x, const Tensor& rows, Tensor& out, cudaStream_t 
 }
 
 void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out, cudaStream_t stream) {
-  expect(x, DType::kBF16, {-1, weight.dim(0)}, "rms_norm input");
+  check(x.dtype() == DType::kBF16 || x.dtype() == DType::kF32, "rms_norm input ", x.describe(),
+        " is not BF16 or F32");
+  expect(x, x.dtype(), {-1, weight.dim(0)}, "rms_norm input");
   expect(out, DType::kBF16, x.shape(), "rms_norm output");
   if (x.dim(0) == 0) return;
-  rms_norm_kernel<<<static_cast<unsigned>(x.dim(0)), 256, 0, stream>>>(x.data<bf16>(), weight.data<bf16>(), eps,
-                                                                        out.data<bf16>(), x.dim(1));
+  const auto blocks = static_cast<unsigned>(x.dim(0));
+  if (x.dtype() == DType::kF32)
+    rms_norm_kernel<<<blocks, 256, 0, stream>>>(x.data<float>(), weight.data<bf16>(), eps, out.data<bf16>(),
+                                                x.dim(1));
+  else
+    rms_norm_kernel<<<blocks, 256, 0, stream>>>(x.data<bf16>(), weight.data<bf16>(), eps, out.data<bf16>(),
+                                                x.dim(1));
   cuda_check(cudaGetLastError());
 }
 
 void residual_add(Tensor& x, const Tensor& y, cudaStream_t stream) {
-  check(x.numel() == y.numel() && x.dtype() == DType::kBF16 && y.dtype() == DType::kBF16, "residual_add: ",
-        x.describe(), " += ", y.describe());
+  check(x.numel() == y.numel() && x.dtype() == DType::kBF16 &&
+            (y.dtype() == DType::kBF16 || y.dtype() == DType::kF32),
+        "residual_add: ", x.describe(), " += ", y.describe());
   if (x.numel() == 0) return;
-  add_kernel<<<static_cast<unsigned>((x.numel() + 255) / 256), 256, 0, stream>>>(x.data<bf16>(), y.data<bf16>(),
-                                                                                 x.numel());
+  const auto blocks = static_cast<unsigned>((x.numel() + 255) / 256);
+  if (y.dtype() == DType::kF32)
+    add_kernel<<<blocks, 256, 0, stream>>>(x.data<bf16>(), y.data<float>(), x.numel());
+  else
+    add_kernel<<<blocks, 256, 0, stream>>>(x.data<bf16>(), y.data<bf16>(), x.numel());
   cuda_check(cudaGetLastError());
 }
 

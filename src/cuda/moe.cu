@@ -98,7 +98,9 @@ void moe_w4a8(const Tensor& x, const MoeWeightsW4A8& w, const MoeParams& params,
               cudaStream_t stream, MoePath path) {
   const int64_t T = x.dim(0), H = w.hidden_size, I = w.intermediate_size, E = w.num_experts, K = params.top_k;
   expect(x, DType::kBF16, {-1, H}, "moe_w4a8 input");
-  expect(out, DType::kBF16, {T, H}, "moe_w4a8 output");
+  check(out.dtype() == DType::kBF16 || out.dtype() == DType::kF32, "moe_w4a8 output ", out.describe(),
+        " is not BF16 or F32");
+  expect(out, out.dtype(), {T, H}, "moe_w4a8 output");
   check(T <= ws.max_tokens && K == ws.top_k, "moe_w4a8: ", T, " tokens, top-k ", K, " do not fit a workspace for ",
         ws.max_tokens, " tokens, top-k ", ws.top_k);
   if (T == 0) return;
@@ -144,8 +146,8 @@ void moe_w4a8(const Tensor& x, const MoeWeightsW4A8& w, const MoeParams& params,
                  .max_rows = rows, .num_experts = E, .n = H, .k = I, .expert_slots = slots, .splits = down_splits},
                 stream);
   moe_combine({.down = ws.down_out.data<float>(), .row_pos = ws.row_pos.data<int32_t>(),
-               .topk_weights = ws.topk_weights.data<float>(), .out = out.raw(), .tokens = T, .top_k = K,
-               .hidden = H, .splits = down_splits, .max_rows = rows},
+               .topk_weights = ws.topk_weights.data<float>(), .out = out.raw(), .out_dtype = out.dtype(),
+               .tokens = T, .top_k = K, .hidden = H, .splits = down_splits, .max_rows = rows},
               stream);
 }
 

@@ -72,7 +72,8 @@ struct MoeWorkspace {
 // and the stream is not being captured, else the decode path. Tests force one or the other.
 enum class MoePath : uint8_t { kAuto, kDecode, kPrefill };
 
-// out (T, H) BF16 = MoE(x (T, H) BF16). T <= workspace.max_tokens().
+// out (T, H) = MoE(x (T, H) BF16): BF16, or F32 (a tensor-parallel rank's partial sum, summed over
+// the ranks before it is rounded). T <= workspace.max_tokens().
 void moe_w4a8(const Tensor& x, const MoeWeightsW4A8& w, const MoeParams& params, MoeWorkspace& ws,
               Tensor& out, cudaStream_t stream, MoePath path = MoePath::kAuto);
 

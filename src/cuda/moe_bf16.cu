@@ -87,7 +87,10 @@ void moe_bf16(const Tensor& x, const MoeWeights& w, const MoeParams& params, Moe
   const int64_t T = x.dim(0), H = ex.hidden_size, I = ex.intermediate_size, E = ex.num_experts, K = params.top_k;
   check(ex.format == WeightFormat::kBf16, "moe_bf16: experts are ", weight_format_name(ex.format));
   expect(x, DType::kBF16, {-1, H}, "moe_bf16 input");
-  expect(out, DType::kBF16, {T, H}, "moe_bf16 output");
+  check(out.dtype() == DType::kBF16 || out.dtype() == DType::kF32, "moe_bf16 output ", out.describe(),
+        " is not BF16 or F32");
+  expect(out, out.dtype(), {T, H}, "moe_bf16 output");
+  const bool f32_out = out.dtype() == DType::kF32;
   if (T == 0) return;
   grow(ws.router_logits, DType::kF32, {T, E}, ws.retired);
   grow(ws.topk_ids, DType::kI32, {T, K}, ws.retired);
@@ -95,7 +98,8 @@ void moe_bf16(const Tensor& x, const MoeWeights& w, const MoeParams& params, Moe
   grow(ws.gate_up, DType::kF32, {T, 2 * I}, ws.retired);
   grow(ws.act, DType::kBF16, {T, I}, ws.retired);
   grow(ws.down, DType::kF32, {T, H}, ws.retired);
-  grow(ws.sum, DType::kF32, {T, H}, ws.retired);
+  if (!f32_out) grow(ws.sum, DType::kF32, {T, H}, ws.retired);
+  float* sum = f32_out ? out.data<float>() : ws.sum.data<float>();
   ws.max_tokens = std::max(ws.max_tokens, T);
 
   route_topk({.x = x.raw(), .router = w.router.raw(), .logits = ws.router_logits.data<float>(),
@@ -114,12 +118,12 @@ void moe_bf16(const Tensor& x, const MoeWeights& w, const MoeParams& params, Moe
     gemm_bf16(handle, ws.act.raw(), down + e * H * I, ws.down.data<float>(), T, H, I);
     accumulate_kernel<<<blocks_for(T * H), kThreads, 0, stream>>>(
         {.down = ws.down.data<float>(), .topk_ids = ws.topk_ids.data<int32_t>(),
-         .topk_weights = ws.topk_weights.data<float>(), .sum = ws.sum.data<float>(), .tokens = T, .hidden = H,
+         .topk_weights = ws.topk_weights.data<float>(), .sum = sum, .tokens = T, .hidden = H,
          .top_k = K, .expert = static_cast<int>(e), .first = e == 0});
     cuda_check(cudaGetLastError());
   }
-  to_bf16_kernel<<<blocks_for(T * H), kThreads, 0, stream>>>(ws.sum.data<float>(),
-                                                             static_cast<__nv_bfloat16*>(out.raw()), T * H);
+  if (f32_out) return;
+  to_bf16_kernel<<<blocks_for(T * H), kThreads, 0, stream>>>(sum, static_cast<__nv_bfloat16*>(out.raw()), T * H);
   cuda_check(cudaGetLastError());
 }
 

@@ -25,11 +25,12 @@ struct MoeBf16Workspace {
   Tensor gate_up;        // F32 (T, 2I)
   Tensor act;            // BF16 (T, I)
   Tensor down;           // F32 (T, H)
-  Tensor sum;            // F32 (T, H)
+  Tensor sum;            // F32 (T, H); unused when the output is F32 (the sums go there)
   std::vector<Tensor> retired;
 };
 
-// out (T, H) BF16 = MoE(x (T, H) BF16) for w.experts in kBf16.
+// out (T, H) = MoE(x (T, H) BF16) for w.experts in kBf16: BF16, or F32 (a tensor-parallel rank's
+// partial sum, rounded after the all-reduce).
 void moe_bf16(const Tensor& x, const MoeWeights& w, const MoeParams& params, MoeBf16Workspace& ws, Tensor& out,
               cublasHandle_t handle, cudaStream_t stream);
 

@@ -1,5 +1,6 @@
-// Weighted combine: out[t] (BF16) = Σ_k weight[t, k] · Σ_split down[split][row_pos[t, k]]; and the
-// prefill path's windowed form with the activation and weight scales applied here.
+// Weighted combine: out[t] (BF16 or F32) = Σ_k weight[t, k] · Σ_split down[split][row_pos[t, k]];
+// and the prefill path's windowed form with the activation and weight scales applied here. Each
+// kernel is instantiated for a BF16 output (one GPU) and an F32 one (a tensor-parallel partial sum).
 #include <cuda_bf16.h>
 
 #include "cuda/cuda_check.h"
@@ -10,7 +11,17 @@ namespace {
 
 constexpr int kThreads = 128;
 
+// Four consecutive outputs from fp32 sums: rounded to BF16, or stored as they are.
+__device__ inline void store4(__nv_bfloat16* out, float4 v) {
+  auto* out2 = reinterpret_cast<__nv_bfloat162*>(out);
+  out2[0] = __floats2bfloat162_rn(v.x, v.y);
+  out2[1] = __floats2bfloat162_rn(v.z, v.w);
+}
+__device__ inline void store4(float* out, float4 v) { *reinterpret_cast<float4*>(out) = v; }
+
 // Grid (T, H / 512): each thread sums 4 consecutive columns over the top-k rows and the K splits.
+// Out: __nv_bfloat16 or float.
+template <typename Out>
 __global__ void combine_kernel(const __grid_constant__ CombineArgs p) {
   const int64_t t = blockIdx.x;
   const int64_t h4 = static_cast<int64_t>(blockIdx.y) * kThreads + threadIdx.x;  // column / 4
@@ -24,9 +35,7 @@ __global__ void combine_kernel(const __grid_constant__ CombineArgs p) {
       sum = {sum.x + w * y.x, sum.y + w * y.y, sum.z + w * y.z, sum.w + w * y.w};
     }
   }
-  auto* out = reinterpret_cast<__nv_bfloat162*>(static_cast<__nv_bfloat16*>(p.out) + t * p.hidden + 4 * h4);
-  out[0] = __floats2bfloat162_rn(sum.x, sum.y);
-  out[1] = __floats2bfloat162_rn(sum.z, sum.w);
+  store4(static_cast<Out*>(p.out) + t * p.hidden + 4 * h4, sum);
 }
 
 // Elements i .. i + 3 of the window's product (F32 or BF16).
@@ -39,6 +48,7 @@ __device__ inline float4 load4(const CombineRowsArgs& p, int64_t i) {
 }
 
 // Grid (T, H / 512) like combine_kernel; only the pairs whose padded row lies in this window count.
+template <typename Out>
 __global__ void combine_rows_kernel(const __grid_constant__ CombineRowsArgs p) {
   const int64_t t = blockIdx.x;
   const int64_t h4 = static_cast<int64_t>(blockIdx.y) * kThreads + threadIdx.x;  // column / 4
@@ -67,9 +77,7 @@ __global__ void combine_rows_kernel(const __grid_constant__ CombineRowsArgs p) {
       return;
     }
   }
-  auto* out = reinterpret_cast<__nv_bfloat162*>(static_cast<__nv_bfloat16*>(p.out) + t * p.hidden + 4 * h4);
-  out[0] = __floats2bfloat162_rn(sum.x, sum.y);
-  out[1] = __floats2bfloat162_rn(sum.z, sum.w);
+  store4(static_cast<Out*>(p.out) + t * p.hidden + 4 * h4, sum);
 }
 
 }  // namespace
@@ -78,7 +86,16 @@ void moe_combine_rows(const CombineRowsArgs& p, cudaStream_t stream) {
   if (p.tokens == 0) return;
   check(p.hidden % 4 == 0, "moe_combine_rows: hidden size ", p.hidden, " is not a multiple of 4");
   const dim3 grid(static_cast<unsigned>(p.tokens), static_cast<unsigned>((p.hidden / 4 + kThreads - 1) / kThreads));
-  combine_rows_kernel<<<grid, kThreads, 0, stream>>>(p);
+  switch (p.out_dtype) {
+    case DType::kBF16:
+      combine_rows_kernel<__nv_bfloat16><<<grid, kThreads, 0, stream>>>(p);
+      break;
+    case DType::kF32:
+      combine_rows_kernel<float><<<grid, kThreads, 0, stream>>>(p);
+      break;
+    default:
+      fail("moe_combine_rows: the output must be BF16 or F32, not ", dtype_name(p.out_dtype));
+  }
   cuda_check(cudaGetLastError());
 }
 
@@ -86,7 +103,16 @@ void moe_combine(const CombineArgs& p, cudaStream_t stream) {
   if (p.tokens == 0) return;
   check(p.hidden % 4 == 0, "moe_combine: hidden size ", p.hidden, " is not a multiple of 4");
   const dim3 grid(static_cast<unsigned>(p.tokens), static_cast<unsigned>((p.hidden / 4 + kThreads - 1) / kThreads));
-  combine_kernel<<<grid, kThreads, 0, stream>>>(p);
+  switch (p.out_dtype) {
+    case DType::kBF16:
+      combine_kernel<__nv_bfloat16><<<grid, kThreads, 0, stream>>>(p);
+      break;
+    case DType::kF32:
+      combine_kernel<float><<<grid, kThreads, 0, stream>>>(p);
+      break;
+    default:
+      fail("moe_combine: the output must be BF16 or F32, not ", dtype_name(p.out_dtype));
+  }
   cuda_check(cudaGetLastError());
 }
 

@@ -1,10 +1,13 @@
 // The last step of the MoE layer: expert outputs back to token order, weighted by the router (the
-// decode path's already scaled split sums, or the prefill path's unscaled products).
+// decode path's already scaled split sums, or the prefill path's unscaled products). The output is
+// BF16, or F32 under tensor parallelism (a rank's partial sum, rounded only after the all-reduce).
 #pragma once
 
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+
+#include "core/dtype.h"
 
 namespace nibble::cuda {
 
@@ -12,7 +15,8 @@ struct CombineArgs {
   const float* down;          // (splits, max_rows, H) in sorted-row order
   const int32_t* row_pos;     // (T·K)
   const float* topk_weights;  // (T, K)
-  void* out;                  // BF16 (T, H)
+  void* out;                  // out_dtype (T, H)
+  DType out_dtype;            // BF16 or F32
   int64_t tokens;
   int64_t top_k;
   int64_t hidden;
@@ -26,7 +30,7 @@ void moe_combine(const CombineArgs& args, cudaStream_t stream);
 // down product of those rows is scaled by row_scale[row] · channel_scale[expert][h], weighted by the
 // router and added up per token. Passes over one call's windows, in order: kOnly when there is one
 // window; else kFirst (acc = this window's part, every token), kMiddle (acc += it, tokens with a row
-// here), kLast (out = bf16(acc + it), every token). A token's terms are added in a fixed order
+// here), kLast (out = acc + it, every token). A token's terms are added in a fixed order
 // (window, then k), so the result does not depend on scheduling.
 enum class CombinePass : uint8_t { kOnly, kFirst, kMiddle, kLast };
 
@@ -39,7 +43,8 @@ struct CombineRowsArgs {
   const int32_t* topk_ids;     // (T, K)
   const float* topk_weights;   // (T, K)
   float* acc;                  // (T, H) running sums over windows (unused by kOnly)
-  void* out;                   // BF16 (T, H), written by kOnly and kLast
+  void* out;                   // out_dtype (T, H), written by kOnly and kLast
+  DType out_dtype;             // BF16 or F32
   int64_t row_begin;
   int64_t row_end;
   int64_t tokens;

@@ -296,6 +296,7 @@ void moe_prefill(const Tensor& x, const MoeWeightsW4A8& w, const MoeParams& para
                       .topk_weights = ws.topk_weights.data<float>(),
                       .acc = pass == CombinePass::kOnly ? nullptr : pf.acc.data<float>(),
                       .out = out.raw(),
+                      .out_dtype = out.dtype(),
                       .row_begin = chunk.window_begin,
                       .row_end = chunk.end,
                       .tokens = T,

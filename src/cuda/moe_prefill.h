@@ -112,7 +112,8 @@ PrefillPlan plan_prefill(const int32_t* expert_offsets, int64_t experts, int64_t
                          int64_t chunk_rows, int64_t window_rows);
 
 // The prefill path of moe_w4a8 (moe.h), after routing: ws.topk_ids, topk_weights, expert_offsets
-// and row_pos hold this call's routing; ws.prefill is made. Not inside a graph capture.
+// and row_pos hold this call's routing; ws.prefill is made. Not inside a graph capture. out (T, H)
+// BF16 or F32, as moe_w4a8's.
 void moe_prefill(const Tensor& x, const MoeWeightsW4A8& w, const MoeParams& params,
                  MoeWorkspace& ws, Tensor& out, cudaStream_t stream);
 

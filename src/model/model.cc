@@ -57,7 +57,11 @@ Tensor Model::forward(const ForwardBatch& batch, KvCache& cache) {
 
   Tensor x = ops_.empty(act, {tokens, c.hidden_size});  // the residual stream
   Tensor h = ops_.empty(act, {tokens, c.hidden_size});
-  Tensor y = ops_.empty(act, {tokens, c.hidden_size});
+  // y: the attention and MoE outputs. Under tensor parallelism each rank's partial sum stays F32,
+  // the ranks sum F32, and add / rms_norm round the sum to the activation dtype as they read it:
+  // tp N rounds each output once, as one rank does (not each rank's part, then their sum again).
+  const DType partial = tp_group != nullptr ? DType::kF32 : act;
+  Tensor y = ops_.empty(partial, {tokens, c.hidden_size});
   Tensor qkv = ops_.empty(act, {tokens, qkv_size});
   Tensor attn = ops_.empty(act, {tokens, q_size});
 
@@ -65,7 +69,8 @@ Tensor Model::forward(const ForwardBatch& batch, KvCache& cache) {
   const auto all_reduce = [&] {
     if (tp_group != nullptr) tp_group->all_reduce_sum(y);
   };
-  // x += y, or x += post_norm(y) with sandwich norms.
+  // x += y, or x += post_norm(y) with sandwich norms (y in the activation dtype, or F32 under
+  // tensor parallelism).
   const auto residual_add = [&](const Tensor& post_norm) {
     if (sandwich) {
       ops_.rms_norm(y, post_norm, eps, h);

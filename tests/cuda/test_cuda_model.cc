@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <iostream>
 #include <map>
 #include <random>
 #include <numeric>
@@ -15,6 +16,7 @@
 #include "engine/engine.h"
 #include "engine/generator.h"
 #include "gpu_test_util.h"
+#include "model/communicator.h"
 #include "model/loader.h"
 #include "quant/fp8_quant.h"
 
@@ -117,6 +119,85 @@ TEST(CudaOpsTwin, Linears) {
   gpu.logits(x.cuda, gpu.upload(rows), gpu_b, gpu_l);
   const Tensor got = cuda::download(gpu_l);
   EXPECT_LE(rel_l2(cpu_l.data<float>(), got.data<float>(), 3 * N), 1e-4);
+}
+
+// The collectives of a group of one rank: the sum and the maximum over it are the tensor itself. It
+// lets the row-parallel path of Ops::linear (row_group) run on one GPU.
+class SoloCommunicator final : public Communicator {
+ public:
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  void all_reduce_sum(Tensor&) override {}
+  void all_reduce_max(Tensor&) override {}
+  void abort() override {}
+};
+
+// The F32 partial sums of tensor parallelism (model.cc at --tp-size N): linears writing F32 (BF16 and
+// FP8 weights, the row-parallel FP8 scale path too), the residual add of an F32 sum into BF16
+// activations and RMSNorm of an F32 sum, against the CPU twins. An F32 input is rounded to BF16 as it
+// is read, as one GPU stores that output: the add equals the BF16-activation twin bit for bit, RMSNorm
+// up to summation order (rare one-ulp flips; reading the F32 values unrounded measures ~1e-3).
+TEST(CudaOpsTwin, TensorParallelF32Sums) {
+  SKIP_WITHOUT_GPU();
+  CpuOps cpu;
+  Bf16ActivationOps twin;
+  cuda::CudaOps gpu;
+  SoloCommunicator solo;
+  const int64_t T = 37, H = 2880;
+  const Tensor y = random_f32({T, H}, 21);  // F32 values, most of them not BF16 ones
+  const Pair x = random_activations({T, H}, 22);
+  const Tensor w = to_bf16(random_f32({H}, 23, 0.5f));
+
+  Tensor twin_norm = twin.empty(DType::kF32, {T, H}), cpu_norm = cpu.empty(DType::kF32, {T, H});
+  Tensor gpu_norm = testing::poisoned(DType::kBF16, {T, H});
+  twin.rms_norm(y, w, 1e-5f, twin_norm);
+  cpu.rms_norm(y, w, 1e-5f, cpu_norm);
+  gpu.rms_norm(gpu.upload(y), gpu.upload(w), 1e-5f, gpu_norm);
+  const double norm_twin = compare(twin_norm, gpu_norm), norm_cpu = compare(cpu_norm, gpu_norm);
+
+  Tensor twin_x = to_f32(cuda::download(x.cuda)), cpu_x = to_f32(cuda::download(x.cuda));
+  Tensor gpu_x = gpu.upload(cuda::download(x.cuda));
+  twin.add(twin_x, y);
+  cpu.add(cpu_x, y);
+  gpu.add(gpu_x, gpu.upload(y));
+  const double add_twin = compare(twin_x, gpu_x), add_cpu = compare(cpu_x, gpu_x);
+  std::cout << "F32 input, relative L2 against the BF16 twin / the F32 CPU: rms_norm " << norm_twin << " / "
+            << norm_cpu << ", add " << add_twin << " / " << add_cpu << "\n";
+  EXPECT_LE(norm_twin, 2e-4);
+  EXPECT_LE(norm_cpu, 5e-3);
+  EXPECT_EQ(add_twin, 0.0);
+  EXPECT_LE(add_cpu, 5e-3);
+
+  const int64_t K = 1408, N = 640;
+  const Pair a = random_activations({T, K}, 24);
+  const Tensor wf = random_f32({N, K}, 25, 0.03f);
+  const Fp8Weight q = quantize_fp8_per_tensor(wf);
+  Tensor scale = Tensor::zeros(DType::kF32, {N});
+  std::fill_n(scale.data<float>(), N, q.scale);
+  const Tensor wb = to_bf16(wf);
+  const std::vector<std::pair<Linear, const char*>> linears{
+      {{.format = WeightFormat::kFp8, .out_features = N, .in_features = K, .weight = q.weight, .scale = scale},
+       "fp8"},
+      {{.format = WeightFormat::kFp8, .out_features = N, .in_features = K, .weight = q.weight, .scale = scale,
+        .input_scale = 0.004f},
+       "fp8, static input scale"},
+      {{.format = WeightFormat::kBf16, .out_features = N, .in_features = K, .weight = wb}, "bf16"}};
+  for (const auto& [cpu_w, name] : linears) {
+    Linear gpu_w = cpu_w;
+    gpu_w.weight = gpu.upload(cpu_w.weight);
+    if (cpu_w.scale.defined()) gpu_w.scale = gpu.upload(cpu_w.scale);
+    for (Communicator* row_group : {static_cast<Communicator*>(nullptr), static_cast<Communicator*>(&solo)}) {
+      Tensor cpu_out = cpu.empty(DType::kF32, {T, N}), gpu_out = testing::poisoned(DType::kF32, {T, N});
+      cpu.linear(a.cpu, cpu_w, cpu_out, row_group);
+      gpu.linear(a.cuda, gpu_w, gpu_out, row_group);
+      const Tensor got = cuda::download(gpu_out);
+      const double err = rel_l2(cpu_out.data<float>(), got.data<float>(), T * N);
+      std::cout << "linear " << name << (row_group ? ", row group" : "") << ", F32 output: relative L2 " << err
+                << "\n";
+      // No output rounding: what is left is the GEMM's summation (FP8 tensor cores: ~1e-4).
+      EXPECT_LE(err, cpu_w.format == WeightFormat::kBf16 ? 1e-4 : 1e-3) << name;
+    }
+  }
 }
 
 TEST(CudaOpsTwin, PagedAttention) {

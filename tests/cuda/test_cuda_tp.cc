@@ -35,13 +35,16 @@ using test::prompt_ids;
 constexpr char kMixtral[] = "tests/fixtures/tiny-mixtral";
 constexpr char kGrok1[] = "tests/fixtures/tiny-grok1";
 
-// bf16: each rank's o_proj and MoE output is rounded to BF16 before the all-reduce, where one GPU
-// rounds the whole sum once: tp 2 and tp 1 differ by BF16 rounding, which the CPU twin with BF16
-// activations measures at worst 1.1e-2 (Mixtral) and 1.7e-2 (Grok-1), argmax equal
-// (test_tensor_parallel.cc, Bf16ActivationsWithinRounding): bound 3e-2 here too. W4A8: the experts'
-// FP8 row scales need the amax over the ranks (MoeParams::communicator, done on the CPU; the CUDA
-// MoE must use it too) and o_proj (FP8 in this scheme) still scales its input per rank's heads: the
-// CPU measures worst 0.43-0.64, mean 0.10 for this, hence the loose bound until both are shared.
+// Each rank's o_proj and MoE partial sums stay F32, NCCL sums F32, and the residual add (or
+// Grok-1's post-norm) rounds the sum to BF16 as it reads it, where one GPU rounds the same output
+// once: tp 2 equals tp 1 up to fp32 summation order, for bf16 and for W4A8 (whose FP8 row scales
+// come from the amax over the ranks: o_proj's row_group, MoeParams::communicator). One value moved
+// across a BF16 rounding boundary by that order is carried on by every later rounding: the CPU twin
+// with BF16 activations (test_tensor_parallel.cc, Bf16ActivationsWithinRounding) measures 0 for
+// three of the four cases and 6.1e-3 at the worst position for Mixtral bf16 (1.9e-3 whole), and
+// the GPU's GEMMs change their summation order with the shard's shape, so the 1e-3 is
+// asserted here as the goal, not a certainty. With BF16 partials (each rank's rounded, then their
+// sum again) CUDA measured 0.015 (bf16) and up to 0.48 (W4A8: expert flips) here.
 void expect_tp2_matches_one_gpu(const std::string& dir, Quantization q) {
   const std::vector<int32_t> ids = prompt_ids(dir);
   const ModelConfig c = load_model_config(dir);
@@ -58,26 +61,14 @@ void expect_tp2_matches_one_gpu(const std::string& dir, Quantization q) {
   });
   const Comparison cmp = compare(ref, full_logits(*tp, ids, KvCacheDType::kBf16));
   std::cout << dir << " " << quantization_name(q) << " CUDA --tp-size 2 vs 1: worst relative L2 "
-            << cmp.worst << ", mean " << cmp.mean << ", argmax differs at " << cmp.argmax_diff
+            << cmp.worst << ", mean " << cmp.mean << ", whole " << cmp.whole
+            << ", argmax differs at " << cmp.argmax_diff
             << "\n";
   const auto tp_greedy = generate(*tp, ids, 16, {}, KvCacheDType::kBf16, {});
-  if (q == Quantization::kNone) {
-    EXPECT_LE(cmp.worst, 3e-2);
-    EXPECT_EQ(cmp.argmax_diff, 0);
-    // The same greedy tokens as one GPU, or, where one GPU's BF16 rounding tips a near tie, as the
-    // torch float32 reference (the CPU twin shows one rank leaving it at the second token while
-    // tp 2 keeps it).
-    auto reference =
-        test::read_json(dir + "-reference.json")["greedy_32"].get<std::vector<int32_t>>();
-    reference.resize(tp_greedy.size());
-    EXPECT_TRUE(tp_greedy == greedy || tp_greedy == reference)
-        << "tp 2 greedy " << ::testing::PrintToString(tp_greedy) << ", one GPU "
-        << ::testing::PrintToString(greedy) << ", torch float32 "
-        << ::testing::PrintToString(reference);
-  } else {
-    EXPECT_LE(cmp.mean, 0.2);
-    EXPECT_LE(cmp.worst, 0.9);
-  }
+  EXPECT_LE(cmp.worst, 1e-3);  // the worst position
+  EXPECT_EQ(cmp.argmax_diff, 0);
+  EXPECT_EQ(tp_greedy, greedy) << "tp 2 greedy " << ::testing::PrintToString(tp_greedy)
+                               << ", one GPU " << ::testing::PrintToString(greedy);
   // A second KV cache and more steps on the same group (persistent rank threads).
   EXPECT_EQ(generate(*tp, ids, 16, {}, KvCacheDType::kBf16, {}), tp_greedy);
 }

@@ -1,17 +1,19 @@
 // The W4A8 MoE on the GPU against its CPU twins: the grouped GEMM against its definition evaluated in
-// double on identical quantized inputs, and the whole layer (decode and prefill paths) against
-// CpuOps::moe. Outputs are poisoned before each run and every element is checked. Shapes include
-// sizes that are not powers of two.
+// double on identical quantized inputs, and the whole layer (decode and prefill paths; BF16 experts
+// too) against CpuOps::moe, with BF16 and F32 outputs. Outputs are poisoned before each run and every
+// element is checked. Shapes include sizes that are not powers of two.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <array>
 #include <cstring>
+#include <iostream>
 #include <numeric>
 
 #include "core/fp8.h"
 #include "cpu/cpu_ops.h"
 #include "cuda/moe.h"
+#include "cuda/moe_bf16.h"
 #include "cuda/moe_dequant.h"
 #include "cuda/moe_prefill.h"
 #include "cuda/moe_gemm_w4a8.h"
@@ -159,9 +161,12 @@ struct LayerCase {
 class MoeLayer : public ::testing::TestWithParam<LayerCase> {};
 
 // Relative L2 distances over the whole (T, H) output: each GPU path against CpuOps::moe, and the
-// prefill path against the decode path.
+// prefill path against the decode path. f32_*: the same with an F32 output (a tensor-parallel rank's
+// partial sum) against CpuOps::moe; rounding: the larger over both paths of the F32 output rounded to
+// BF16 against the BF16 output (the same sums rounded once: equal but for rare summation-order flips).
 struct LayerErrors {
   double decode, prefill, between;
+  double f32_decode, f32_prefill, rounding;
 };
 
 // The GPU MoE layer on random tokens, through the decode and the prefill path (each forced, output
@@ -177,20 +182,42 @@ LayerErrors layer_error(const MoeWeights& host, const MoeParams& params, int64_t
   const cuda::MoeWeightsW4A8 w = cuda::upload_moe_w4a8(host);
   cuda::MoeWorkspace ws(w, T, params.top_k, options);
   const Tensor x = cuda::upload(x_bf16);
-  auto run = [&](cuda::MoePath path) {
-    Tensor out = poisoned(DType::kBF16, {T, H});
+  auto run = [&](cuda::MoePath path, DType out_dtype) {
+    Tensor out = poisoned(out_dtype, {T, H});
     cuda::moe_w4a8(x, w, params, ws, out, nullptr, path);
     return to_f32(cuda::download(out));
   };
-  const Tensor decode = run(cuda::MoePath::kDecode), prefill = run(cuda::MoePath::kPrefill);
-  return {.decode = rel_l2(ref.data<float>(), decode.data<float>(), T * H),
-          .prefill = rel_l2(ref.data<float>(), prefill.data<float>(), T * H),
-          .between = rel_l2(decode.data<float>(), prefill.data<float>(), T * H)};
+  const Tensor decode = run(cuda::MoePath::kDecode, DType::kBF16),
+               prefill = run(cuda::MoePath::kPrefill, DType::kBF16);
+  const Tensor f32_decode = run(cuda::MoePath::kDecode, DType::kF32),
+               f32_prefill = run(cuda::MoePath::kPrefill, DType::kF32);
+  auto err = [&](const Tensor& a, const Tensor& b) { return rel_l2(a.data<float>(), b.data<float>(), T * H); };
+  return {.decode = err(ref, decode),
+          .prefill = err(ref, prefill),
+          .between = err(decode, prefill),
+          .f32_decode = err(ref, f32_decode),
+          .f32_prefill = err(ref, f32_prefill),
+          .rounding = std::max(err(decode, to_f32(to_bf16(f32_decode))),
+                               err(prefill, to_f32(to_bf16(f32_prefill))))};
+}
+
+// The bounds every layer case meets. The GPU rounds its BF16 output (relative 2^-9), and its FP8
+// tensor cores sum each 64-wide K block with reduced precision (the GEMM test measures ~2e-4);
+// re-quantizing the activations to FP8 turns those differences into one-step code flips. Measured
+// 3.5e-3 to 6.7e-3 on an H200 (decode).
+void expect_layer_bounds(const LayerErrors& err) {
+  EXPECT_LE(err.decode, 1e-2);
+  EXPECT_LE(err.prefill, 1e-2);
+  EXPECT_LE(err.between, 1e-2);
+  EXPECT_LE(err.f32_decode, 1e-2);
+  EXPECT_LE(err.f32_prefill, 1e-2);
+  EXPECT_LE(err.rounding, 1e-4);
 }
 
 void print_errors(const LayerErrors& err) {
   std::cout << "relative L2 decode " << err.decode << ", prefill " << err.prefill << ", prefill vs decode "
-            << err.between << "\n";
+            << err.between << "; F32 output decode " << err.f32_decode << ", prefill " << err.f32_prefill
+            << ", rounded vs BF16 output " << err.rounding << "\n";
 }
 
 TEST_P(MoeLayer, MatchesCpuTwin) {
@@ -206,12 +233,7 @@ TEST_P(MoeLayer, MatchesCpuTwin) {
   const LayerErrors err = layer_error(host, params, T);
   std::cout << "E=" << E << " H=" << H << " I=" << I << " T=" << T << " top-k=" << top_k << ": ";
   print_errors(err);
-  // The GPU rounds its output to bf16 (relative 2^-9), and its FP8 tensor cores sum each 64-wide K
-  // block with reduced precision (the GEMM test measures ~2e-4); re-quantizing the activations to FP8
-  // turns those differences into one-step code flips. Measured 3.5e-3 to 6.7e-3 on an H200 (decode).
-  EXPECT_LE(err.decode, 1e-2);
-  EXPECT_LE(err.prefill, 1e-2);
-  EXPECT_LE(err.between, 1e-2);
+  expect_layer_bounds(err);
 }
 
 // Scratch small enough that the prefill path takes several expert groups (5 experts of 64 in the
@@ -234,9 +256,7 @@ TEST(MoeLayerPrefill, ChunkedMatchesCpuTwin) {
     std::cout << "chunked prefill E=" << E << " H=" << H << " I=" << I << " T=" << T << " down product "
               << dtype_name(product) << ": ";
     print_errors(err);
-    EXPECT_LE(err.decode, 1e-2);
-    EXPECT_LE(err.prefill, 1e-2);
-    EXPECT_LE(err.between, 1e-2);
+    expect_layer_bounds(err);
   }
 }
 
@@ -355,10 +375,48 @@ TEST(MoeLayerFp8, MatchesCpuTwin) {
     const LayerErrors err = layer_error(host, {.top_k = top_k}, T);
     std::cout << "FP8 experts E=" << E << " H=" << H << " I=" << I << " T=" << T << ": ";
     print_errors(err);
-    EXPECT_LE(err.decode, 1e-2);
-    EXPECT_LE(err.prefill, 1e-2);
-    EXPECT_LE(err.between, 1e-2);
+    expect_layer_bounds(err);
   }
+}
+
+// BF16 experts (`--quantization none`, cuBLAS) with a BF16 output and an F32 one (a tensor-parallel
+// rank's partial sum), each poisoned first, against CpuOps::moe. The GPU rounds the activation
+// between the GEMMs to BF16 (the CPU keeps F32): about 1e-3 apart.
+TEST(MoeLayerBf16, MatchesCpuTwin) {
+  SKIP_WITHOUT_GPU();
+  const int64_t E = 8, H = 1024, I = 512, T = 37;
+  const MoeParams params{.top_k = 2};
+  MoeWeights host{.router = to_bf16(random_f32({E, H}, 9, 0.05f)),
+                  .experts = {.format = WeightFormat::kBf16, .num_experts = E, .hidden_size = H,
+                              .intermediate_size = I, .gate_up = to_bf16(random_f32({E, 2 * I, H}, 700, 0.03f)),
+                              .down = to_bf16(random_f32({E, H, I}, 800, 0.03f))}};
+  const Tensor x_bf16 = to_bf16(random_f32({T, H}, 11));
+  CpuOps cpu;
+  Tensor ref = Tensor::zeros(DType::kF32, {T, H});
+  cpu.moe(to_f32(x_bf16), host, params, ref);
+
+  MoeWeights dev = host;
+  dev.router = cuda::upload(host.router);
+  dev.experts.gate_up = cuda::upload(host.experts.gate_up);
+  dev.experts.down = cuda::upload(host.experts.down);
+  cublasHandle_t handle = nullptr;
+  ASSERT_EQ(cublasCreate(&handle), CUBLAS_STATUS_SUCCESS);
+  cuda::MoeBf16Workspace ws;
+  const Tensor x = cuda::upload(x_bf16);
+  Tensor bf16_out = poisoned(DType::kBF16, {T, H}), f32_out = poisoned(DType::kF32, {T, H});
+  cuda::moe_bf16(x, dev, params, ws, bf16_out, handle, nullptr);
+  cuda::moe_bf16(x, dev, params, ws, f32_out, handle, nullptr);
+  const Tensor got_bf16 = to_f32(cuda::download(bf16_out)), got_f32 = cuda::download(f32_out);
+  cublasDestroy(handle);
+  const double bf16_err = rel_l2(ref.data<float>(), got_bf16.data<float>(), T * H);
+  const double f32_err = rel_l2(ref.data<float>(), got_f32.data<float>(), T * H);
+  const Tensor rounded = to_f32(to_bf16(got_f32));
+  const double rounding = rel_l2(got_bf16.data<float>(), rounded.data<float>(), T * H);
+  std::cout << "BF16 experts: relative L2 BF16 output " << bf16_err << ", F32 output " << f32_err
+            << ", F32 rounded vs BF16 output " << rounding << "\n";
+  EXPECT_LE(bf16_err, 1e-2);
+  EXPECT_LE(f32_err, 1e-2);
+  EXPECT_LE(rounding, 1e-4);
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, MoeLayer,
