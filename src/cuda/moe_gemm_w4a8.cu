@@ -28,8 +28,10 @@ constexpr int kBlocksPerStage = 4;  // 64-wide K blocks per pipeline stage (256 
 constexpr int kCoreBytes = 128;     // a wgmma core matrix: 8 rows × 16 bytes
 // How far past the pipeline L2 is asked to fetch weights (0: no L2 prefetch), and K splits aimed at
 // this many units per SM; NIBBLE_MOE_PREFETCH_STAGES and NIBBLE_MOE_UNITS_PER_SM override them (tuning).
-constexpr int kPrefetchStages = 4;
-constexpr int kUnitsPerSm = 12;
+// Measured on an H200 (bench/RESULTS.md, 2026-11-29): with the bulk copies' pipeline, an L2 prefetch
+// 4 stages ahead cost 10-16% at 1-32 tokens, and 6 units per SM beat 12 and 24.
+constexpr int kPrefetchStages = 0;
+constexpr int kUnitsPerSm = 6;
 
 int env_or(const char* name, int fallback) {
   const char* v = std::getenv(name);
@@ -332,7 +334,7 @@ int64_t choose_k_splits(int64_t n, int64_t k, int64_t expert_slots, int64_t rows
   const int64_t kblocks = k / kGemmKBlock;
   const int64_t pairs = expert_slots * ((n / 16 + kWarps - 1) / kWarps);  // (expert, 64 channels)
   static const int units_per_sm = env_or("NIBBLE_MOE_UNITS_PER_SM", kUnitsPerSm);
-  const int64_t target = static_cast<int64_t>(num_sms) * units_per_sm;  // about four units per resident block
+  const int64_t target = static_cast<int64_t>(num_sms) * units_per_sm;
   int64_t splits = std::clamp<int64_t>((target + pairs - 1) / pairs, 1, std::max<int64_t>(1, kblocks / kBlocksPerStage));
   const int64_t per_split = (kblocks + splits - 1) / splits;
   return (kblocks + per_split - 1) / per_split;  // no empty split
