@@ -1,4 +1,4 @@
-// Split-KV paged decode attention (attention_decode.h).
+// Split-KV paged decode attention on the tensor cores (attention_decode.h).
 #include "cuda/attention_decode.h"
 
 #include <cuda_bf16.h>
@@ -6,18 +6,21 @@
 
 #include <algorithm>
 #include <cfloat>
+#include <type_traits>
 
 #include "cuda/cuda_check.h"
 #include "cuda/device.h"
+#include "cuda/ptx.cuh"
 
 namespace nibble::cuda {
 namespace {
 
 using bf16 = __nv_bfloat16;
 constexpr int kHeadDim = 128;
-constexpr int kThreads = 128;  // one key per thread when scoring; 4 warps × 32 lanes × 4 dims when summing V
-constexpr int kTile = 128;     // keys per tile
-constexpr int kMaxGroup = 8;   // query heads per KV head
+constexpr int kWarps = 4;
+constexpr int kThreads = kWarps * 32;
+constexpr int kWarpKeys = 32;  // keys a warp takes at a time: four n8 tiles of Q·Kᵀ, two k16 steps of P·V
+constexpr int kMaxGroup = 8;   // query heads per KV head: the MMA rows (of 16) that are real
 constexpr int kMaxSplits = 32;
 
 struct DecodeArgs {
@@ -34,188 +37,211 @@ struct DecodeArgs {
   float q_scale, logit_softcap, v_scale;
 };
 
-// Four KV elements as floats.
+// Two FP8 e4m3 values (the low 16 bits) as f16x2, exactly.
+__device__ inline uint32_t fp8x2_to_f16x2(uint32_t pair) {
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(pair & 0xFFFFu), __NV_E4M3);
+  return uint32_t{h.x} | (uint32_t{h.y} << 16);
+}
+
+// Two floats as the MMA's 16-bit pair: f16 against an FP8 cache, bf16 against a BF16 one.
 template <bool kFp8>
-__device__ inline void load4(const void* base, int64_t index, float (&v)[4]) {
+__device__ inline uint32_t pack2(float lo, float hi) {
   if constexpr (kFp8) {
-    const uint32_t word = *reinterpret_cast<const uint32_t*>(static_cast<const uint8_t*>(base) + index);
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const __half2_raw pair =
-          __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(word >> (16 * h)), __NV_E4M3);
-      const float2 f = __half22float2(__half2(pair));
-      v[2 * h] = f.x;
-      v[2 * h + 1] = f.y;
-    }
+    const __half2 h = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&h);
   } else {
-    const uint2 raw = *reinterpret_cast<const uint2*>(static_cast<const bf16*>(base) + index);
-    const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.x));
-    const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.y));
-    v[0] = a.x, v[1] = a.y, v[2] = b.x, v[3] = b.y;
+    const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&h);
   }
 }
 
-// Sixteen FP8 values (one 16-byte load) as floats.
-__device__ inline void fp8x16_to_float(const uint4 raw, float (&v)[16]) {
-  const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
-#pragma unroll
-  for (int w = 0; w < 4; ++w)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const __half2_raw pair =
-          __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(words[w] >> (16 * h)), __NV_E4M3);
-      const float2 f = __half22float2(__half2(pair));
-      v[4 * w + 2 * h] = f.x;
-      v[4 * w + 2 * h + 1] = f.y;
-    }
+template <bool kFp8>
+__device__ inline void mma(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  if constexpr (kFp8)
+    ptx::mma_f16_16x8x16(d, a, b);
+  else
+    ptx::mma_bf16_16x8x16(d, a, b);
 }
 
+// Tensor-core decode attention. Each warp walks its own 32-key tiles of the block's slice with its own
+// online softmax; the block's four warps merge at the end. Per tile: S (16 × 32) = Q (16 × 128: the
+// group's heads in rows 0..G-1, the rest zero) · Kᵀ, then Oᵀ (128 × 16) += Vᵀ (128 × 32) · Pᵀ, so that
+// P leaves the first MMA in the register layout the second one reads. Both MMAs take K positions in an
+// order of our choosing: thread (g = lane / 4, t = lane % 4) loads dims [32t, 32t + 32) of its key for
+// Q·Kᵀ (k-step j: dims 32t + 4j .. + 3) and, for Vᵀ, dims 32b + 4g .. + 3 of four keys; Oᵀ's row r of
+// m-tile i is dim 32·(i / 2) + 4·(r % 8) + 2·(i % 2) + r / 8.
 template <bool kFp8>
 __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant__ DecodeArgs a) {
   constexpr int kElemBytes = kFp8 ? 1 : 2;
-  constexpr int kRowVecs = kHeadDim * kElemBytes / 16;     // 16-byte vectors in one key's row
-  constexpr int kTileVecs = kTile * kRowVecs / kThreads;  // 16-byte V loads a thread makes per tile
-  __shared__ float q_s[kMaxGroup][kHeadDim];
-  __shared__ float p_s[kMaxGroup][kTile];
-  __shared__ int64_t slot_s[kTile];
-  __shared__ float m_s[kMaxGroup], l_s[kMaxGroup], alpha_s[kMaxGroup];
-  // The tile's V rows while summing; the four warps' partial sums at the end.
-  __shared__ union {
-    uint4 v[kTile * kRowVecs];
-    float acc[kThreads / 32][kMaxGroup][kHeadDim];
-  } buf;
-  const int sp = blockIdx.x, kh = blockIdx.y, s = blockIdx.z, tid = threadIdx.x;
-  const int warp = tid / 32, lane = tid % 32, G = a.group;
+  __shared__ float m_w[kWarps][kMaxGroup], l_w[kWarps][kMaxGroup];
+  __shared__ float acc_w[kWarps][kMaxGroup][kHeadDim];
+  const int sp = blockIdx.x, kh = blockIdx.y, s = blockIdx.z;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4, G = a.group;
   const int len = a.seq_lens[s];
   const int chunk = (len + a.splits - 1) / a.splits;
   const int begin = sp * chunk, end = min(len, begin + chunk);
   const int64_t kv_width = int64_t{a.kv_heads} * kHeadDim;
+  const auto* k_base = static_cast<const uint8_t*>(a.k_cache) + int64_t{kh} * kHeadDim * kElemBytes;
+  const auto* v_base = static_cast<const uint8_t*>(a.v_cache) + int64_t{kh} * kHeadDim * kElemBytes;
 
-  for (int i = tid; i < G * kHeadDim; i += kThreads) {
-    const int g = i / kHeadDim, d = i % kHeadDim;
-    q_s[g][d] = __bfloat162float(a.qkv[s * a.width + (int64_t{kh} * G + g) * kHeadDim + d]) * a.q_scale;
-  }
-  if (tid < G) m_s[tid] = -FLT_MAX, l_s[tid] = 0.0f;
-  float acc[kMaxGroup][4];
+  // Q as A fragments, k-step j: {row g: dims 32t + 4j, +1}, {row g: dims 32t + 4j + 2, +3}.
+  uint32_t qa[8][2] = {};
+  if (g < G) {
+    const auto* q = reinterpret_cast<const uint4*>(a.qkv + s * a.width + (int64_t{kh} * G + g) * kHeadDim + 32 * t);
 #pragma unroll
-  for (int g = 0; g < kMaxGroup; ++g) acc[g][0] = acc[g][1] = acc[g][2] = acc[g][3] = 0.0f;
-  __syncthreads();
-
-  const int32_t* table = a.block_tables + s * a.max_blocks;
-  for (int tile = begin; tile < end; tile += kTile) {
-    const int j = tile + tid, count = min(kTile, end - tile);
-    // Scores: thread tid scores key j against the group's query heads, its row in 16-byte loads.
-    if (j < end) {
-      const int64_t slot = int64_t{table[j / a.block_size]} * a.block_size + j % a.block_size;
-      slot_s[tid] = slot;
-      const auto* row = reinterpret_cast<const uint4*>(static_cast<const uint8_t*>(a.k_cache) +
-                                                       (slot * kv_width + int64_t{kh} * kHeadDim) * kElemBytes);
-      uint4 raw[kRowVecs];
+    for (int v = 0; v < 4; ++v) {
+      const uint4 raw = q[v];
+      const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
 #pragma unroll
-      for (int v = 0; v < kRowVecs; ++v) raw[v] = row[v];
-      float dot[kMaxGroup] = {};
-#pragma unroll
-      for (int v = 0; v < kRowVecs; ++v) {
-        float k[16];
+      for (int w = 0; w < 4; ++w) {
+        uint32_t word = words[w];
         if constexpr (kFp8) {
-          fp8x16_to_float(raw[v], k);
-        } else {
-          const uint32_t words[4] = {raw[v].x, raw[v].y, raw[v].z, raw[v].w};
+          const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&word));
+          word = pack2<true>(f.x, f.y);
+        }
+        qa[(4 * v + w) / 2][w % 2] = word;
+      }
+    }
+  }
+  float m = -FLT_MAX, l = 0.0f;  // this warp's softmax state for head g
+  float acc[8][4] = {};          // Oᵀ m-tile i: dims of rows g and g + 8, heads 2t and 2t + 1
+  const int32_t* table = a.block_tables + s * a.max_blocks;
+
+  for (int tile = begin + warp * kWarpKeys; tile < end; tile += kWarps * kWarpKeys) {
+    const int key = tile + lane;  // lane i finds the slot of the tile's key i
+    const int64_t slot = key < end ? int64_t{table[key / a.block_size]} * a.block_size + key % a.block_size : -1;
+    // K: n-tile c's key 8c + g, dims [32t, 32t + 32).
+    constexpr int kKVecs = 2 * kElemBytes;  // 16-byte loads
+    uint4 k_raw[4][kKVecs];
 #pragma unroll
-          for (int w = 0; w < 4; ++w) {
-            const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&words[w]));
-            k[2 * w] = f.x, k[2 * w + 1] = f.y;
+    for (int c = 0; c < 4; ++c) {
+      const int64_t ks = __shfl_sync(0xFFFFFFFFu, slot, 8 * c + g);
+      const auto* row = reinterpret_cast<const uint4*>(k_base + (ks * kv_width + 32 * t) * kElemBytes);
+#pragma unroll
+      for (int v = 0; v < kKVecs; ++v) k_raw[c][v] = ks >= 0 ? row[v] : make_uint4(0, 0, 0, 0);
+    }
+    // V: k-step u's keys 16u + 2t, +1, +8, +9; dims 32b + 4g .. + 3 of each.
+    using VWord = std::conditional_t<kFp8, uint32_t, uint2>;
+    VWord v_raw[2][4][4];
+#pragma unroll
+    for (int u = 0; u < 2; ++u)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int64_t vs = __shfl_sync(0xFFFFFFFFu, slot, 16 * u + 2 * t + (e & 1) + 8 * (e >> 1));
+#pragma unroll
+        for (int b = 0; b < 4; ++b)
+          v_raw[u][e][b] = vs >= 0 ? *reinterpret_cast<const VWord*>(v_base + (vs * kv_width + 32 * b + 4 * g) * kElemBytes)
+                                   : VWord{};
+      }
+
+    // S = Q · Kᵀ: sc[c] = {head g: keys 8c + 2t, +1}, {rows g + 8: unused}.
+    float sc[4][4] = {};
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      uint32_t kw[16];
+#pragma unroll
+      for (int v = 0; v < kKVecs; ++v) {
+        kw[4 * v] = k_raw[c][v].x, kw[4 * v + 1] = k_raw[c][v].y, kw[4 * v + 2] = k_raw[c][v].z;
+        kw[4 * v + 3] = k_raw[c][v].w;
+      }
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        uint32_t b[2];
+        if constexpr (kFp8) {
+          b[0] = fp8x2_to_f16x2(kw[j]), b[1] = fp8x2_to_f16x2(kw[j] >> 16);
+        } else {
+          b[0] = kw[2 * j], b[1] = kw[2 * j + 1];
+        }
+        const uint32_t af[4] = {qa[j][0], 0u, qa[j][1], 0u};
+        mma<kFp8>(sc[c], af, b);
+      }
+    }
+    // Online softmax for head g over the tile's 32 keys (the four lanes of the group share them).
+    float mx = -INFINITY;
+#pragma unroll
+    for (int c = 0; c < 4; ++c)
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        float x = sc[c][i] * a.q_scale;
+        if (a.logit_softcap > 0.0f) x = a.logit_softcap * tanhf(x / a.logit_softcap);
+        sc[c][i] = tile + 8 * c + 2 * t + i < end ? x : -INFINITY;
+        mx = fmaxf(mx, sc[c][i]);
+      }
+    mx = fmaxf(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, 2));
+    const float m_new = fmaxf(m, mx), alpha = __expf(m - m_new);
+    float sum = 0.0f;
+#pragma unroll
+    for (int c = 0; c < 4; ++c)
+#pragma unroll
+      for (int i = 0; i < 2; ++i) sum += sc[c][i] = __expf(sc[c][i] - m_new);
+    sum += __shfl_xor_sync(0xFFFFFFFFu, sum, 1);
+    sum += __shfl_xor_sync(0xFFFFFFFFu, sum, 2);
+    l = l * alpha + sum;
+    m = m_new;
+    // Oᵀ's columns are heads 2t and 2t + 1: their rescale factors come from those heads' lanes.
+    const float alpha_lo = __shfl_sync(0xFFFFFFFFu, alpha, 8 * t), alpha_hi = __shfl_sync(0xFFFFFFFFu, alpha, 8 * t + 4);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      acc[i][0] *= alpha_lo, acc[i][2] *= alpha_lo;
+      acc[i][1] *= alpha_hi, acc[i][3] *= alpha_hi;
+    }
+    // Oᵀ += Vᵀ · Pᵀ, k-step u over keys 16u .. 16u + 15.
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      const uint32_t pb[2] = {pack2<kFp8>(sc[2 * u][0], sc[2 * u][1]), pack2<kFp8>(sc[2 * u + 1][0], sc[2 * u + 1][1])};
+#pragma unroll
+      for (int b = 0; b < 4; ++b) {
+        // pairs[e2][d]: dim 32b + 4g + d of keys (2t, 2t + 1) for e2 = 0, (2t + 8, 2t + 9) for e2 = 1.
+        uint32_t pairs[2][4];
+#pragma unroll
+        for (int e2 = 0; e2 < 2; ++e2) {
+          const VWord w0 = v_raw[u][2 * e2][b], w1 = v_raw[u][2 * e2 + 1][b];
+          if constexpr (kFp8) {
+            const uint32_t d01 = __byte_perm(w0, w1, 0x5140), d23 = __byte_perm(w0, w1, 0x7362);
+            pairs[e2][0] = fp8x2_to_f16x2(d01), pairs[e2][1] = fp8x2_to_f16x2(d01 >> 16);
+            pairs[e2][2] = fp8x2_to_f16x2(d23), pairs[e2][3] = fp8x2_to_f16x2(d23 >> 16);
+          } else {
+            pairs[e2][0] = __byte_perm(w0.x, w1.x, 0x5410), pairs[e2][1] = __byte_perm(w0.x, w1.x, 0x7632);
+            pairs[e2][2] = __byte_perm(w0.y, w1.y, 0x5410), pairs[e2][3] = __byte_perm(w0.y, w1.y, 0x7632);
           }
         }
-        constexpr int kPer = 16 / kElemBytes;  // values in one vector
 #pragma unroll
-        for (int g = 0; g < kMaxGroup; ++g) {
-          if (g >= G) break;
-#pragma unroll
-          for (int i = 0; i < kPer; ++i) dot[g] += q_s[g][v * kPer + i] * k[i];
+        for (int h = 0; h < 2; ++h) {  // m-tile 2b + h: rows g and g + 8 are dims 2h and 2h + 1
+          const uint32_t af[4] = {pairs[0][2 * h], pairs[0][2 * h + 1], pairs[1][2 * h], pairs[1][2 * h + 1]};
+          mma<kFp8>(acc[2 * b + h], af, pb);
         }
       }
-#pragma unroll
-      for (int g = 0; g < kMaxGroup; ++g)
-        if (g < G) p_s[g][tid] = a.logit_softcap > 0.0f ? a.logit_softcap * tanhf(dot[g] / a.logit_softcap) : dot[g];
-    } else {
-      for (int g = 0; g < G; ++g) p_s[g][tid] = -FLT_MAX;
     }
-    __syncthreads();
-    // The tile's V rows: every load in flight at once, kept in registers through the softmax.
-    uint4 v_regs[kTileVecs] = {};
-#pragma unroll
-    for (int i = 0; i < kTileVecs; ++i) {
-      const int idx = i * kThreads + tid, key = idx / kRowVecs, part = idx % kRowVecs;
-      if (key < count)
-        v_regs[i] = reinterpret_cast<const uint4*>(static_cast<const uint8_t*>(a.v_cache) +
-                                                   (slot_s[key] * kv_width + int64_t{kh} * kHeadDim) * kElemBytes)[part];
-    }
-    // Online softmax per head: warp w owns heads w, w + 4, ...
-    for (int g = warp; g < G; g += kThreads / 32) {
-      float x[kTile / 32], mx = -FLT_MAX;
-#pragma unroll
-      for (int i = 0; i < kTile / 32; ++i) mx = fmaxf(mx, x[i] = p_s[g][lane + 32 * i]);
-      for (int o = 16; o > 0; o /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, o));
-      const float m_old = m_s[g], m_new = fmaxf(m_old, mx);
-      float sum = 0.0f;
-#pragma unroll
-      for (int i = 0; i < kTile / 32; ++i) {
-        const float p = lane + 32 * i < count ? __expf(x[i] - m_new) : 0.0f;
-        p_s[g][lane + 32 * i] = p;
-        sum += p;
-      }
-      for (int o = 16; o > 0; o /= 2) sum += __shfl_xor_sync(0xFFFFFFFFu, sum, o);
-      __syncwarp();
-      if (lane == 0) {
-        const float alpha = __expf(m_old - m_new);
-        alpha_s[g] = alpha;
-        l_s[g] = l_s[g] * alpha + sum;
-        m_s[g] = m_new;
-      }
-    }
-#pragma unroll
-    for (int i = 0; i < kTileVecs; ++i)
-      if ((i * kThreads + tid) / kRowVecs < count) buf.v[i * kThreads + tid] = v_regs[i];
-    __syncthreads();
-    // Σ p·v: warp w takes keys w, w + 4, ...; lane owns dims 4·lane .. 4·lane + 3.
-#pragma unroll
-    for (int g = 0; g < kMaxGroup; ++g) {
-      if (g >= G) break;
-      const float alpha = alpha_s[g];
-#pragma unroll
-      for (int i = 0; i < 4; ++i) acc[g][i] *= alpha;
-    }
-    const auto* v_bytes = reinterpret_cast<const uint8_t*>(buf.v);
-#pragma unroll 4
-    for (int jj = warp; jj < count; jj += kThreads / 32) {
-      float v[4];
-      load4<kFp8>(v_bytes + int64_t{jj} * kHeadDim * kElemBytes, 4 * lane, v);
-#pragma unroll
-      for (int g = 0; g < kMaxGroup; ++g) {
-        if (g >= G) break;
-        const float p = p_s[g][jj];
-#pragma unroll
-        for (int i = 0; i < 4; ++i) acc[g][i] += p * v[i];
-      }
-    }
-    __syncthreads();
   }
 
-  // Sum the four warps' partial Σ p·v and write this slice.
+  // Merge the four warps' slices of this block's keys and write the block's slice.
+  if (t == 0 && g < G) m_w[warp][g] = m, l_w[warp][g] = l;
 #pragma unroll
-  for (int g = 0; g < kMaxGroup; ++g)
-    if (g < G)
+  for (int i = 0; i < 8; ++i)
 #pragma unroll
-      for (int i = 0; i < 4; ++i) buf.acc[warp][g][4 * lane + i] = acc[g][i];
+    for (int r = 0; r < 4; ++r) {
+      const int head = 2 * t + (r & 1), dim = 32 * (i / 2) + 4 * g + 2 * (i % 2) + (r >> 1);
+      if (head < G) acc_w[warp][head][dim] = acc[i][r];
+    }
   __syncthreads();
-  for (int i = tid; i < G * kHeadDim; i += kThreads) {
-    const int g = i / kHeadDim, d = i % kHeadDim;
-    const int64_t part = (int64_t{s} * a.heads + int64_t{kh} * G + g) * a.splits + sp;
-    a.part_acc[part * kHeadDim + d] = buf.acc[0][g][d] + buf.acc[1][g][d] + buf.acc[2][g][d] + buf.acc[3][g][d];
+  for (int i = threadIdx.x; i < G * kHeadDim; i += kThreads) {
+    const int h = i / kHeadDim, d = i % kHeadDim;
+    float mm = -FLT_MAX;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) mm = fmaxf(mm, m_w[w][h]);
+    float num = 0.0f, den = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      const float f = __expf(m_w[w][h] - mm);
+      num += f * acc_w[w][h][d];
+      den += f * l_w[w][h];
+    }
+    const int64_t part = (int64_t{s} * a.heads + int64_t{kh} * G + h) * a.splits + sp;
+    a.part_acc[part * kHeadDim + d] = num;
     if (d == 0) {
-      a.part_ml[2 * part] = begin < end ? m_s[g] : -FLT_MAX;
-      a.part_ml[2 * part + 1] = begin < end ? l_s[g] : 0.0f;
+      a.part_ml[2 * part] = den > 0.0f ? mm : -FLT_MAX;
+      a.part_ml[2 * part + 1] = den;
     }
   }
 }
@@ -252,12 +278,14 @@ void attention_decode(const Tensor& qkv, const KvCacheLayer& cache, KvCacheDType
   const int64_t S = batch.num_seqs, Hq = params.num_heads;
   if (S == 0) return;
   const bool fp8 = cache_dtype == KvCacheDType::kFp8E4M3;
-  // Split each sequence's keys so that the grid fills every block slot of the device once.
+  // Split each sequence's keys so that the grid fills the device's block slots about twice (a second
+  // wave evens out SMs that hold more blocks than others).
   int per_sm = 0;
   cuda_check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
       &per_sm, fp8 ? decode_kernel<true> : decode_kernel<false>, kThreads, 0));
   const int64_t slots = int64_t{std::max(per_sm, 1)} * multiprocessor_count();
-  const int splits = static_cast<int>(std::clamp<int64_t>(slots / (S * params.num_kv_heads), 1, kMaxSplits));
+  const int64_t pairs = S * params.num_kv_heads;
+  const int splits = static_cast<int>(std::clamp<int64_t>((2 * slots + pairs - 1) / pairs, 1, kMaxSplits));
   Tensor part_acc = empty(DType::kF32, {S, Hq, splits, kHeadDim});
   Tensor part_ml = empty(DType::kF32, {S, Hq, splits, 2});
   const DecodeArgs a{.qkv = qkv.data<bf16>(), .k_cache = cache.k.raw(), .v_cache = cache.v.raw(),
