@@ -1,14 +1,14 @@
 // Grouped INT4 × FP8 (or FP8 × FP8) GEMM kernel (see moe_gemm_w4a8.h for the contract and the weight
 // layouts), shaped for decode: bound by the bytes of the weights, which stream once.
-// Work is cut into units of (active expert, 64 output channels, K split); a persistent grid of
-// warpgroup blocks walks them with a static stride (units per block differ by at most one), each unit
-// chunk by chunk of kRows rows (one chunk unless an expert has more rows than the tile). A block's
-// pipeline runs continuously across its units (no fill or drain between them): each warp's weights
-// for a stage arrive as one bulk copy (TMA) completing on the stage's mbarrier, activations as
-// 16-byte cp.async copies, and one lane per warp asks L2 to fetch the weights a few stages further
-// ahead. Weights go to registers as wgmma A fragments; activations sit in shared memory as wgmma's
-// core matrices. The tensor cores sum 128 K at a time; every 128 K is added to fp32 registers, so
-// accumulation error does not grow with K.
+// Work is cut into units of (active expert, 64 output channels, K split); a persistent grid of blocks
+// walks them with a static stride (units per block differ by at most one), each unit chunk by chunk of
+// kRows rows (one chunk unless an expert has more rows than the tile). Each block is one consumer
+// warpgroup and one producer warp: the producer runs the block's pipeline across its units (no fill or
+// drain between them), each consumer warp's weights for a stage arriving as one bulk copy (TMA) and the
+// activations as 16-byte cp.async copies, all completing on the stage's mbarrier; the consumers hand
+// each slot back on a second mbarrier. Weights go to registers as wgmma A fragments; activations sit in
+// shared memory as wgmma's core matrices. The tensor cores sum 128 K at a time; every 128 K is added
+// to fp32 registers, so accumulation error does not grow with K.
 #include <algorithm>
 #include <cstdlib>
 
@@ -22,8 +22,9 @@
 namespace nibble::cuda {
 namespace {
 
-constexpr int kWarps = 4;  // one warpgroup: 64 output channels
-constexpr int kThreads = kWarps * 32;
+constexpr int kWarps = 4;  // the consumer warpgroup: 64 output channels
+constexpr int kConsumers = kWarps * 32;
+constexpr int kThreads = kConsumers + 32;  // and one producer warp
 constexpr int kBlocksPerStage = 4;  // 64-wide K blocks per pipeline stage (256 K)
 constexpr int kCoreBytes = 128;     // a wgmma core matrix: 8 rows × 16 bytes
 // How far past the pipeline L2 is asked to fetch weights (0: no L2 prefetch), and K splits aimed at
@@ -44,14 +45,13 @@ struct Tile {
   static constexpr int kLaneWords = kFp8 ? 2 : 1;               // uint4 a lane per K block
   static constexpr int kWarpBlockBytes = 32 * 16 * kLaneWords;  // a warp's 16 channels, one K block
   static constexpr int kStageBytes = kBlocksPerStage * (kWarps * kWarpBlockBytes + kRows * kGemmKBlock);
-  // About 48 KB of pipeline a block, so that four or five blocks share an SM.
-  static constexpr int kStages = std::clamp(48 * 1024 / kStageBytes, 3, 6);
-  static constexpr int kMinBlocks = kTokenTiles == 1 ? 5 : kTokenTiles == 2 ? 4 : kTokenTiles == 4 ? 3 : 2;
-  // Activation copies a stage: kRows rows × 4 sixteen-byte columns × kBlocksPerStage K blocks.
+  // Blocks an SM should hold (registers permitting), and as many stages as their share of the SM's
+  // shared memory allows.
+  static constexpr int kMinBlocks = kTokenTiles <= 2 ? 4 : kTokenTiles == 4 ? 3 : 2;
+  static constexpr int kStages = std::clamp((220 * 1024 / kMinBlocks - 2048) / kStageBytes, 3, 8);
+  // Activation copies a stage, by the producer warp: kRows rows × 4 sixteen-byte columns a K block.
   static constexpr int kActPairs = kRows * 4;  // (row, column) pairs of one K block
-  static constexpr int kActItems = kActPairs * kBlocksPerStage;
-  static constexpr int kActPerThread = kActItems / kThreads;
-  static constexpr int kPairsPerThread = kActPairs > kThreads ? kActPairs / kThreads : 1;
+  static constexpr int kPairsPerLane = kActPairs / 32;
 };
 
 // One stage: each warp's weight fragments for the stage's K blocks (one contiguous bulk copy a warp),
@@ -62,7 +62,8 @@ struct alignas(128) GemmSmem {
   using T = Tile<kTokenTiles, kFp8>;
   uint4 weights[T::kStages][kWarps][kBlocksPerStage][32 * T::kLaneWords];
   uint8_t act[T::kStages][kBlocksPerStage][T::kRows * kGemmKBlock];
-  uint64_t weights_full[T::kStages];  // mbarriers: a slot's weights have landed
+  uint64_t full[T::kStages];   // a slot's weights and activations have landed
+  uint64_t empty[T::kStages];  // the consumers are done with a slot
   float token_sum[T::kRows];
   float token_scale[T::kRows];
 };
@@ -102,6 +103,11 @@ struct Walk {
   __device__ bool valid(const Cursor& c) const { return c.unit < units; }
 };
 
+// Warp-specialized: warps 0-3 (one warpgroup) compute, warp 4 loads. The producer walks the block's
+// stages ahead of the consumers, as far as the free slots allow: per stage it waits for the slot to be
+// empty, starts one bulk copy of each consumer warp's weights and its lanes' 16-byte activation copies,
+// all completing on the slot's `full` barrier; the consumers wait for `full`, compute, and release the
+// slot on `empty`. Neither side waits for the other's global loads (a unit's expert and row lookups).
 template <int kTokenTiles, bool kFp8>
 __global__ void __launch_bounds__(kThreads, (Tile<kTokenTiles, kFp8>::kMinBlocks))
     moe_gemm_w4a8_kernel(const __grid_constant__ GemmW4A8Args p) {
@@ -122,7 +128,10 @@ __global__ void __launch_bounds__(kThreads, (Tile<kTokenTiles, kFp8>::kMinBlocks
   walk.rows_per_chunk = kRows;
 
   if (threadIdx.x == 0) {
-    for (int s = 0; s < kStages; ++s) ptx::mbarrier_init(&sm.weights_full[s], 1);
+    for (int s = 0; s < kStages; ++s) {
+      ptx::mbarrier_init(&sm.full[s], 1 + 32);  // the producer's expect_tx, then each lane's copies
+      ptx::mbarrier_init(&sm.empty[s], kWarps);
+    }
     ptx::fence_mbarrier_init();
   }
   __syncthreads();
@@ -132,84 +141,78 @@ __global__ void __launch_bounds__(kThreads, (Tile<kTokenTiles, kFp8>::kMinBlocks
     return static_cast<const uint8_t*>(p.weights) +
            ((static_cast<int64_t>(c.expert) * tiles + tile) * walk.kblocks + kb) * T::kWarpBlockBytes;
   };
-  // This thread's activation copies: pairs (row, 16-byte column) of the load cursor's chunk, their
-  // sources (row start + column; nullptr past the expert's rows) and shared-memory offsets.
-  const uint8_t* act_src[T::kPairsPerThread];
-  int act_dst[T::kPairsPerThread];
-  auto point_activations = [&](const Cursor& c) {
-#pragma unroll
-    for (int i = 0; i < T::kPairsPerThread; ++i) {
-      const int pair = (threadIdx.x + i * kThreads) % T::kActPairs, rr = pair / 4, col = pair % 4;
-      const int r = c.chunk * kRows + rr;
-      const int64_t pos = c.row_begin + r;
-      act_src[i] = r < c.rows ? p.act + (p.act_row ? p.act_row[pos] : pos) * p.k + col * 16 : nullptr;
-      act_dst[i] = ((rr / 8) * 4 + col) * kCoreBytes + (rr % 8) * 16;
-    }
-  };
-  auto load_stage = [&](const Cursor& c, int slot) {
-    if (c.stage == 0) point_activations(c);
-    const int first = c.kb_begin + c.stage * kBlocksPerStage;
-    const int nkb = min(kBlocksPerStage, c.kb_begin + c.kb_count - first);
-    if (threadIdx.x == 0) {  // the weights: one bulk copy a warp tile
-      const int valid_tiles = min(kWarps, tiles - c.group * kWarps);
-      const auto bytes = static_cast<uint32_t>(nkb * T::kWarpBlockBytes);
-      ptx::mbarrier_arrive_expect_tx(&sm.weights_full[slot], bytes * valid_tiles);
-      for (int w = 0; w < valid_tiles; ++w)
-        ptx::bulk_copy_to_shared(sm.weights[slot][w], weights_at(c, c.group * kWarps + w, first), bytes,
-                                 &sm.weights_full[slot]);
-    }
-#pragma unroll
-    for (int i = 0; i < T::kActPerThread; ++i) {
-      const int item = threadIdx.x + i * kThreads;
-      const int b = item / T::kActPairs, which = i % T::kPairsPerThread;
-      if (b < nkb)
-        ptx::cp_async_16(&sm.act[slot][b][act_dst[which]],
-                         act_src[which] ? act_src[which] + (first + b) * kGemmKBlock : p.act, act_src[which] != nullptr);
-    }
-  };
-  auto prefetch_stage = [&](const Cursor& c) {
-    if (lane != 0) return;
-    const int tile = c.group * kWarps + warp;
-    if (tile >= tiles) return;
-    const int first = c.kb_begin + c.stage * kBlocksPerStage;
-    const int nkb = min(kBlocksPerStage, c.kb_begin + c.kb_count - first);
-    ptx::prefetch_l2_bulk(weights_at(c, tile, first), static_cast<uint32_t>(nkb * T::kWarpBlockBytes));
-  };
 
-  Cursor compute{.unit = static_cast<int>(blockIdx.x)}, load = compute, ahead = compute;
-  walk.resolve(compute, p);
-  walk.resolve(load, p);
-  walk.resolve(ahead, p);
-  const int prefetch = p.prefetch_stages;
-  for (int s = 0; prefetch > 0 && s < kStages - 1 + prefetch && walk.valid(ahead); ++s) {
-    prefetch_stage(ahead);
-    walk.advance(ahead, p);
-  }
-  int loaded = 0;
-  for (int s = 0; s < kStages - 1; ++s) {
-    if (walk.valid(load)) {
-      load_stage(load, loaded++ % kStages);
-      walk.advance(load, p);
+  if (warp == kWarps) {  // the producer
+    const int prefetch = p.prefetch_stages;
+    // This lane's activation copies: pairs (row, 16-byte column) of the chunk, their sources (row
+    // start + column; nullptr past the expert's rows) and shared-memory offsets.
+    const uint8_t* act_src[T::kPairsPerLane];
+    int act_dst[T::kPairsPerLane];
+    Cursor load{.unit = static_cast<int>(blockIdx.x)}, ahead = load;
+    walk.resolve(load, p);
+    walk.resolve(ahead, p);
+    for (int s = 0; prefetch > 0 && s < kStages + prefetch && walk.valid(ahead); ++s) {
+      if (lane < kWarps && ahead.group * kWarps + lane < tiles) {
+        const int first = ahead.kb_begin + ahead.stage * kBlocksPerStage;
+        const int nkb = min(kBlocksPerStage, ahead.kb_begin + ahead.kb_count - first);
+        ptx::prefetch_l2_bulk(weights_at(ahead, ahead.group * kWarps + lane, first),
+                              static_cast<uint32_t>(nkb * T::kWarpBlockBytes));
+      }
+      walk.advance(ahead, p);
     }
-    ptx::cp_async_commit();
-  }
-
-  float acc[kAcc] = {};
-  for (int step = 0; walk.valid(compute); ++step) {
-    const int slot = step % kStages;
-    ptx::cp_async_wait<kStages - 2>();
-    ptx::mbarrier_wait(&sm.weights_full[slot], (step / kStages) & 1);
-    wgmma::fence_proxy_async();  // the activation copies are generic-proxy writes that wgmma reads
-    __syncthreads();  // this stage is complete for all threads; the previous slot is free to refill
-    if (walk.valid(load)) {
-      load_stage(load, loaded++ % kStages);
+    for (int step = 0; walk.valid(load); ++step) {
+      const int slot = step % kStages;
+      if (step >= kStages) ptx::mbarrier_wait(&sm.empty[slot], ((step / kStages) - 1) & 1);
+      if (load.stage == 0) {
+#pragma unroll
+        for (int i = 0; i < T::kPairsPerLane; ++i) {
+          const int pair = lane + i * 32, rr = pair / 4, col = pair % 4;
+          const int r = load.chunk * kRows + rr;
+          const int64_t pos = load.row_begin + r;
+          act_src[i] = r < load.rows ? p.act + (p.act_row ? p.act_row[pos] : pos) * p.k + col * 16 : nullptr;
+          act_dst[i] = ((rr / 8) * 4 + col) * kCoreBytes + (rr % 8) * 16;
+        }
+      }
+      const int first = load.kb_begin + load.stage * kBlocksPerStage;
+      const int nkb = min(kBlocksPerStage, load.kb_begin + load.kb_count - first);
+      if (lane == 0) {  // the weights: one bulk copy a consumer warp's tile
+        const int valid_tiles = min(kWarps, tiles - load.group * kWarps);
+        const auto bytes = static_cast<uint32_t>(nkb * T::kWarpBlockBytes);
+        ptx::mbarrier_arrive_expect_tx(&sm.full[slot], bytes * valid_tiles);
+        for (int w = 0; w < valid_tiles; ++w)
+          ptx::bulk_copy_to_shared(sm.weights[slot][w], weights_at(load, load.group * kWarps + w, first), bytes,
+                                   &sm.full[slot]);
+      }
+#pragma unroll
+      for (int b = 0; b < kBlocksPerStage; ++b)
+#pragma unroll
+        for (int i = 0; i < T::kPairsPerLane; ++i)
+          if (b < nkb)
+            ptx::cp_async_16(&sm.act[slot][b][act_dst[i]],
+                             act_src[i] ? act_src[i] + (first + b) * kGemmKBlock : p.act, act_src[i] != nullptr);
+      ptx::cp_async_mbarrier_arrive(&sm.full[slot]);
       walk.advance(load, p);
       if (prefetch > 0 && walk.valid(ahead)) {
-        prefetch_stage(ahead);
+        if (lane < kWarps && ahead.group * kWarps + lane < tiles) {
+          const int af = ahead.kb_begin + ahead.stage * kBlocksPerStage;
+          const int an = min(kBlocksPerStage, ahead.kb_begin + ahead.kb_count - af);
+          ptx::prefetch_l2_bulk(weights_at(ahead, ahead.group * kWarps + lane, af),
+                                static_cast<uint32_t>(an * T::kWarpBlockBytes));
+        }
         walk.advance(ahead, p);
       }
     }
-    ptx::cp_async_commit();
+    return;
+  }
+
+  // The consumers.
+  Cursor compute{.unit = static_cast<int>(blockIdx.x)};
+  walk.resolve(compute, p);
+  float acc[kAcc] = {};
+  for (int step = 0; walk.valid(compute); ++step) {
+    const int slot = step % kStages;
+    ptx::mbarrier_wait(&sm.full[slot], (step / kStages) & 1);
+    wgmma::fence_proxy_async();  // the activation copies are generic-proxy writes that wgmma reads
 
     const int first = compute.kb_begin + compute.stage * kBlocksPerStage;
     const int nkb = min(kBlocksPerStage, compute.kb_begin + compute.kb_count - first);
@@ -251,13 +254,14 @@ __global__ void __launch_bounds__(kThreads, (Tile<kTokenTiles, kFp8>::kMinBlocks
 #pragma unroll
     for (int j = 0; j < kAcc; ++j) acc[j] += d[0][j];
     wgmma::wait<0>();
+    if (lane == 0) ptx::mbarrier_arrive(&sm.empty[slot]);  // this warp is done reading the slot
     if (nkb > 2)
 #pragma unroll
       for (int j = 0; j < kAcc; ++j) acc[j] += d[1][j];
 
     if (compute.stage == compute.stages - 1) {  // the chunk's last stage: write its rows out
       // Each row's Σ a over this split's K blocks (INT4's offset correction) and its scale.
-      constexpr int kThreadsPerRow = kThreads / kRows;
+      constexpr int kThreadsPerRow = kConsumers / kRows;
       const int rr = threadIdx.x / kThreadsPerRow, part = threadIdx.x % kThreadsPerRow;
       const int r = compute.chunk * kRows + rr;
       const int64_t pos = compute.row_begin + r;
@@ -269,11 +273,12 @@ __global__ void __launch_bounds__(kThreads, (Tile<kTokenTiles, kFp8>::kMinBlocks
       }
 #pragma unroll
       for (int o = kThreadsPerRow / 2; o > 0; o /= 2) sum += __shfl_xor_sync(0xFFFFFFFFu, sum, o);
+      ptx::named_barrier_sync(1, kConsumers);  // every consumer is done with the previous chunk's rows
       if (part == 0) {
         sm.token_sum[rr] = sum;
         sm.token_scale[rr] = act_row >= 0 ? p.act_scale[act_row] : 0.0f;
       }
-      __syncthreads();
+      ptx::named_barrier_sync(1, kConsumers);
       const int tile = compute.group * kWarps + warp;
       if (tile < tiles) {
         const float* wscale = p.weight_scale + static_cast<int64_t>(compute.expert) * p.n;
@@ -293,7 +298,6 @@ __global__ void __launch_bounds__(kThreads, (Tile<kTokenTiles, kFp8>::kMinBlocks
     }
     walk.advance(compute, p);
   }
-  ptx::cp_async_wait<0>();
 }
 
 template <int kTokenTiles, bool kFp8>

@@ -41,6 +41,19 @@ __device__ inline void mbarrier_wait(uint64_t* bar, uint32_t parity) {
         : "r"(smem_address(bar)), "r"(parity)
         : "memory");
 }
+// Arrives on `bar` (one of its expected arrivals).
+__device__ inline void mbarrier_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_address(bar)) : "memory");
+}
+// Arrives on `bar` once this thread's earlier cp.async copies have landed (counted in the barrier's
+// expected arrivals: noinc).
+__device__ inline void cp_async_mbarrier_arrive(uint64_t* bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_address(bar)) : "memory");
+}
+// Barrier `id` (1..15) over `threads` threads of the block (a multiple of 32).
+__device__ inline void named_barrier_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
 // `bytes` (a multiple of 16, both ends 16-byte aligned) global -> shared, completing on `bar`.
 __device__ inline void bulk_copy_to_shared(void* smem, const void* global, uint32_t bytes, uint64_t* bar) {
   asm volatile(
