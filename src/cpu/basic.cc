@@ -35,8 +35,10 @@ void CpuOps::embedding(const Tensor& ids, const Tensor& table, Tensor& out) {
 }
 
 void CpuOps::rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) {
+  expect(x, DType::kF32, {-1, -1}, "rms_norm input");
   const int64_t tokens = x.dim(0), hidden = x.dim(1);
   expect(weight, DType::kBF16, {hidden}, "rms_norm weight");
+  expect(out, DType::kF32, x.shape(), "rms_norm output");
   for (int64_t t = 0; t < tokens; ++t) {
     const float* xt = x.data<float>() + t * hidden;
     float sum = 0.0f;
@@ -48,7 +50,8 @@ void CpuOps::rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& 
 }
 
 void CpuOps::add(Tensor& x, const Tensor& y) {
-  check(x.numel() == y.numel(), "add: ", x.describe(), " vs ", y.describe());
+  check(x.numel() == y.numel() && x.dtype() == DType::kF32 && y.dtype() == DType::kF32, "add: ", x.describe(),
+        " += ", y.describe());
   for (int64_t i = 0; i < x.numel(); ++i) x.data<float>()[i] += y.data<float>()[i];
 }
 

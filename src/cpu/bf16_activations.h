@@ -1,9 +1,9 @@
-// Bf16ActivationOps: the CPU backend with the GPU's activation precision. It runs CpuOps and rounds
-// every activation an op writes to the nearest BF16 value (kept in F32 tensors), as the CUDA backend
-// stores them, so the two backends compute the same function up to summation order: the twin for
-// end-to-end comparisons (`--dtype bfloat16` on the CPU). Logits stay F32 as on the GPU, and so do a
-// tensor-parallel rank's partial sums (o_proj with a row_group, the MoE with a communicator): as on
-// the GPU, add and rms_norm round their sum to BF16 as they read it.
+// Bf16ActivationOps: the CPU backend with the GPU's activation precision, the twin of CudaOps for
+// end-to-end comparisons. Its activation dtype is BF16, held in real BF16 tensors: each op reads its
+// inputs as F32 values, runs CpuOps on them, and stores its outputs in the dtype of the tensor the
+// caller gave (BF16: rounded to nearest even, once; F32: as computed), exactly where CUDA stores BF16
+// or F32 (ops.h: the residual stream and the sublayer outputs F32, the GEMMs' inputs BF16), so the two
+// backends compute the same function up to summation order. Not fast: it converts on every op.
 #pragma once
 
 #include "cpu/cpu_ops.h"
@@ -13,7 +13,7 @@ namespace nibble {
 class Bf16ActivationOps final : public Ops {
  public:
   Device device() const override { return cpu_.device(); }
-  DType activation_dtype() const override { return cpu_.activation_dtype(); }
+  DType activation_dtype() const override { return DType::kBF16; }
 
   Tensor empty(DType dtype, Shape shape) override { return cpu_.empty(dtype, std::move(shape)); }
   Tensor upload(const Tensor& host) override { return cpu_.upload(host); }
@@ -34,7 +34,6 @@ class Bf16ActivationOps final : public Ops {
 
  private:
   CpuOps cpu_;
-  const void* last_logits_ = nullptr;  // scale() on the logits (Grok's output multiplier) stays F32
 };
 
 }  // namespace nibble

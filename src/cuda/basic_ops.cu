@@ -1,6 +1,11 @@
-// Embedding, RMSNorm, residual add and rotary embedding kernels (BF16 activations, fp32 math). RMSNorm
-// and the residual add also read an F32 input: a tensor-parallel sum, rounded to BF16 as it is read.
+// Embedding, RMSNorm, residual add, scale and rotary embedding kernels: fp32 math, the F32 residual
+// stream and BF16 activations of ops.h. Built for decode latency (a few hundred KB an op): every
+// thread moves 16-byte vectors of 8 elements, RMSNorm keeps its row in registers and reads it once,
+// RoPE runs one thread per 8 rotated pairs of a head. The arithmetic is the CPU twins' (src/cpu).
 #include <cuda_bf16.h>
+
+#include <algorithm>
+#include <cstdint>
 
 #include "cuda/basic_ops.h"
 #include "cuda/cuda_check.h"
@@ -10,15 +15,47 @@ namespace {
 
 using bf16 = __nv_bfloat16;
 
-// An input activation as an op reads it: BF16 as stored; an F32 tensor-parallel sum rounded to BF16
-// first, the value one GPU's op would have stored there.
-__device__ inline float activation_value(bf16 v) { return __bfloat162float(v); }
-__device__ inline float activation_value(float v) { return __bfloat162float(__float2bfloat16_rn(v)); }
+constexpr int kVec = 8;  // elements a thread moves at once: 16 bytes of BF16, 32 of F32
 
-__global__ void embedding_kernel(const int32_t* ids, const bf16* table, bf16* out, int64_t hidden) {
-  const int64_t t = blockIdx.x;
-  const bf16* row = table + static_cast<int64_t>(ids[t]) * hidden;
-  for (int64_t h = threadIdx.x; h < hidden; h += blockDim.x) out[t * hidden + h] = row[h];
+// 8 consecutive elements as fp32, from 16-byte-aligned F32 or BF16 memory.
+__device__ inline void load8(const float* p, float (&v)[kVec]) {
+  const float4 a = reinterpret_cast<const float4*>(p)[0], b = reinterpret_cast<const float4*>(p)[1];
+  v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+}
+
+// 8 BF16 values held in a uint4, as fp32.
+__device__ inline void unpack8(uint4 u, float (&v)[kVec]) {
+  const uint32_t words[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+  for (int j = 0; j < kVec / 2; ++j) {  // a BF16 is the upper half of its fp32 value
+    v[2 * j] = __uint_as_float(words[j] << 16);
+    v[2 * j + 1] = __uint_as_float(words[j] & 0xFFFF0000u);
+  }
+}
+
+__device__ inline void load8(const bf16* p, float (&v)[kVec]) { unpack8(*reinterpret_cast<const uint4*>(p), v); }
+
+// Stores 8 fp32 values as F32, or as BF16 rounded to nearest even.
+__device__ inline void store8(float* p, const float (&v)[kVec]) {
+  reinterpret_cast<float4*>(p)[0] = make_float4(v[0], v[1], v[2], v[3]);
+  reinterpret_cast<float4*>(p)[1] = make_float4(v[4], v[5], v[6], v[7]);
+}
+
+__device__ inline void store8(bf16* p, const float (&v)[kVec]) {
+  uint4 u;
+  auto* pairs = reinterpret_cast<__nv_bfloat162*>(&u);
+#pragma unroll
+  for (int j = 0; j < kVec / 2; ++j) pairs[j] = __floats2bfloat162_rn(v[2 * j], v[2 * j + 1]);
+  *reinterpret_cast<uint4*>(p) = u;
+}
+
+// out F32 (T, H) = table[ids] BF16 (V, H); grid (T, units / blockDim), one 8-element unit a thread.
+__global__ void embedding_kernel(const int32_t* ids, const bf16* table, float* out, int64_t hidden) {
+  const int64_t t = blockIdx.x, h = (blockIdx.y * static_cast<int64_t>(blockDim.x) + threadIdx.x) * kVec;
+  if (h >= hidden) return;
+  float v[kVec];
+  load8(table + static_cast<int64_t>(ids[t]) * hidden + h, v);
+  store8(out + t * hidden + h, v);
 }
 
 __global__ void gather_kernel(const bf16* x, const int32_t* rows, bf16* out, int64_t hidden) {
@@ -26,72 +63,120 @@ __global__ void gather_kernel(const bf16* x, const int32_t* rows, bf16* out, int
   for (int64_t h = threadIdx.x; h < hidden; h += blockDim.x) out[r * hidden + h] = x[row * hidden + h];
 }
 
-// In: BF16 or F32 (T, H); out BF16 (T, H).
-template <typename In>
-__global__ void rms_norm_kernel(const In* x, const bf16* weight, float eps, bf16* out, int64_t hidden) {
-  __shared__ float partial[32];
-  const int64_t t = blockIdx.x;
-  const In* row = x + t * hidden;
+// out BF16 (T, H) = x / rms(x) × weight for x F32 (T, H). One block a row; thread i holds units i,
+// i + blockDim, ... (kUnits at most, 8 elements each) of x and of the weight in registers from the
+// one read (both loads issued before the reduction) to the store. inv = 1 / sqrt(Σx² / H + eps) as
+// the CPU computes it; Σ over a warp-shuffle tree.
+template <int kUnits>
+__global__ void __launch_bounds__(512) rms_norm_kernel(const float* x, const bf16* weight, float eps, bf16* out,
+                                                       int64_t hidden) {
+  __shared__ float warp_sums[32];
+  const int64_t units = hidden / kVec;
+  const float* row = x + blockIdx.x * hidden;
+  float v[kUnits][kVec];
+  uint4 w_raw[kUnits] = {};  // 8 BF16 weights a unit
   float sum = 0.0f;
-  for (int64_t h = threadIdx.x; h < hidden; h += blockDim.x) {
-    const float v = activation_value(row[h]);
-    sum += v * v;
+#pragma unroll
+  for (int u = 0; u < kUnits; ++u) {
+    const int64_t unit = u * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+    if (unit < units) {
+      load8(row + unit * kVec, v[u]);
+      w_raw[u] = *reinterpret_cast<const uint4*>(weight + unit * kVec);
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) sum += v[u][j] * v[u][j];
+    }
   }
+#pragma unroll
   for (int o = 16; o > 0; o /= 2) sum += __shfl_xor_sync(0xFFFFFFFFu, sum, o);
-  if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = sum;
+  if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = sum;
   __syncthreads();
-  if (threadIdx.x == 0) {
-    float total = 0.0f;
-    for (int w = 0; w < static_cast<int>(blockDim.x / 32); ++w) total += partial[w];
-    partial[0] = 1.0f / sqrtf(total / static_cast<float>(hidden) + eps);
+  float total = 0.0f;  // every thread adds the warps' sums in the same order: one value for all
+  for (int w = 0; w < static_cast<int>(blockDim.x / 32); ++w) total += warp_sums[w];
+  const float inv = 1.0f / sqrtf(total / static_cast<float>(hidden) + eps);
+  bf16* out_row = out + blockIdx.x * hidden;
+#pragma unroll
+  for (int u = 0; u < kUnits; ++u) {
+    const int64_t unit = u * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+    if (unit < units) {
+      float w[kVec];
+      unpack8(w_raw[u], w);
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) w[j] = v[u][j] * inv * w[j];
+      store8(out_row + unit * kVec, w);
+    }
   }
-  __syncthreads();
-  const float inv = partial[0];
-  for (int64_t h = threadIdx.x; h < hidden; h += blockDim.x)
-    out[t * hidden + h] = __float2bfloat16_rn(activation_value(row[h]) * inv * __bfloat162float(weight[h]));
 }
 
-// x BF16 += y (BF16 or F32), summed in fp32 and rounded once.
+// x F32 += y (F32 or BF16) over n elements, 8 a thread.
 template <typename Y>
-__global__ void add_kernel(bf16* x, const Y* y, int64_t n) {
-  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (i < n) x[i] = __float2bfloat16_rn(__bfloat162float(x[i]) + activation_value(y[i]));
+__global__ void add_kernel(float* x, const Y* y, int64_t n) {
+  const int64_t i = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) * kVec;
+  if (i >= n) return;
+  float a[kVec], b[kVec];
+  load8(x + i, a);
+  load8(y + i, b);
+#pragma unroll
+  for (int j = 0; j < kVec; ++j) a[j] += b[j];
+  store8(x + i, a);
 }
 
-__global__ void scale_bf16_kernel(bf16* x, float factor, int64_t n) {
-  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (i < n) x[i] = __float2bfloat16_rn(__bfloat162float(x[i]) * factor);
-}
-
-__global__ void scale_f32_kernel(float* x, float factor, int64_t n) {
+__global__ void scale_kernel(float* x, float factor, int64_t n) {
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (i < n) x[i] *= factor;
 }
 
-// One block per token; threads over (head, i) pairs of the q and k heads.
-__global__ void rope_kernel(bf16* qkv, const int32_t* positions, const float* inv_freq, int64_t heads,
-                            int64_t head_dim, int64_t width) {
-  const int64_t t = blockIdx.x, half = head_dim / 2;
+// Neox rotary embedding on qkv BF16 (T, width), in place: q heads then k heads, `heads` of them, each
+// rotating pairs (i, i + half). One thread per (token, head, 8 consecutive i): two 16-byte loads and
+// stores, 8 sines and cosines.
+__global__ void rope_kernel(bf16* qkv, const int32_t* positions, const float* inv_freq, int64_t tokens,
+                            int64_t heads, int64_t head_dim, int64_t width) {
+  const int64_t half = head_dim / 2, groups = half / kVec;
+  const int64_t index = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (index >= tokens * heads * groups) return;
+  const int64_t t = index / (heads * groups), head = index / groups % heads, i = index % groups * kVec;
   const auto pos = static_cast<float>(positions[t]);
-  for (int64_t j = threadIdx.x; j < heads * half; j += blockDim.x) {
-    const int64_t head = j / half, i = j % half;
-    bf16* x = qkv + t * width + head * head_dim;
-    const float angle = pos * inv_freq[i];
-    const float c = cosf(angle), s = sinf(angle);
-    const float x1 = __bfloat162float(x[i]), x2 = __bfloat162float(x[i + half]);
-    x[i] = __float2bfloat16_rn(x1 * c - x2 * s);
-    x[i + half] = __float2bfloat16_rn(x2 * c + x1 * s);
+  bf16* x = qkv + t * width + head * head_dim + i;
+  float x1[kVec], x2[kVec], freq[kVec];
+  load8(x, x1);
+  load8(x + half, x2);
+  load8(inv_freq + i, freq);
+#pragma unroll
+  for (int j = 0; j < kVec; ++j) {
+    float s, c;
+    sincosf(pos * freq[j], &s, &c);
+    // Products rounded before the sum (no fused multiply-add), as the CPU twin computes them.
+    const float a = x1[j], b = x2[j];
+    x1[j] = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
+    x2[j] = __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s));
   }
+  store8(x, x1);
+  store8(x + half, x2);
+}
+
+bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
+
+unsigned blocks_for(int64_t threads_total, int threads) {
+  return static_cast<unsigned>((threads_total + threads - 1) / threads);
+}
+
+template <int kUnits>
+void launch_rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out, int threads, cudaStream_t stream) {
+  rms_norm_kernel<kUnits><<<static_cast<unsigned>(x.dim(0)), threads, 0, stream>>>(
+      x.data<float>(), weight.data<bf16>(), eps, out.data<bf16>(), x.dim(1));
 }
 
 }  // namespace
 
 void embedding(const Tensor& ids, const Tensor& table, Tensor& out, cudaStream_t stream) {
   expect(table, DType::kBF16, {-1, -1}, "embedding table");
-  expect(out, DType::kBF16, {ids.dim(0), table.dim(1)}, "embedding output");
+  expect(out, DType::kF32, {ids.dim(0), table.dim(1)}, "embedding output");
+  const int64_t H = table.dim(1);
+  check(H % kVec == 0 && aligned16(table.raw()) && aligned16(out.raw()), "embedding: hidden size ", H,
+        " is not a multiple of ", kVec, " or a tensor is not 16-byte aligned");
   if (ids.dim(0) == 0) return;
-  embedding_kernel<<<static_cast<unsigned>(ids.dim(0)), 256, 0, stream>>>(
-      ids.data<int32_t>(), table.data<bf16>(), out.data<bf16>(), table.dim(1));
+  constexpr int kThreads = 128;
+  const dim3 grid(static_cast<unsigned>(ids.dim(0)), blocks_for(H / kVec, kThreads));
+  embedding_kernel<<<grid, kThreads, 0, stream>>>(ids.data<int32_t>(), table.data<bf16>(), out.data<float>(), H);
   cuda_check(cudaGetLastError());
 }
 
@@ -104,54 +189,64 @@ void gather_rows(const Tensor& x, const Tensor& rows, Tensor& out, cudaStream_t 
 }
 
 void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out, cudaStream_t stream) {
-  check(x.dtype() == DType::kBF16 || x.dtype() == DType::kF32, "rms_norm input ", x.describe(),
-        " is not BF16 or F32");
-  expect(x, x.dtype(), {-1, weight.dim(0)}, "rms_norm input");
+  expect(weight, DType::kBF16, {-1}, "rms_norm weight");
+  expect(x, DType::kF32, {-1, weight.dim(0)}, "rms_norm input");
   expect(out, DType::kBF16, x.shape(), "rms_norm output");
+  const int64_t H = x.dim(1), units = H / kVec;
+  check(H > 0 && H % kVec == 0 && aligned16(x.raw()) && aligned16(weight.raw()) && aligned16(out.raw()),
+        "rms_norm: hidden size ", H, " is not a multiple of ", kVec, " or a tensor is not 16-byte aligned");
+  // 256 threads (fewer for a small row) holding up to 8 units each: H <= 16384; 512 threads above.
+  int threads = static_cast<int>(std::min<int64_t>(256, (units + 31) / 32 * 32));
+  if (units > int64_t{256} * 8) threads = 512;
+  const int64_t per_thread = (units + threads - 1) / threads;
+  check(per_thread <= 8, "rms_norm: hidden size ", H, " is larger than ", 512 * 8 * kVec);
   if (x.dim(0) == 0) return;
-  const auto blocks = static_cast<unsigned>(x.dim(0));
-  if (x.dtype() == DType::kF32)
-    rms_norm_kernel<<<blocks, 256, 0, stream>>>(x.data<float>(), weight.data<bf16>(), eps, out.data<bf16>(),
-                                                x.dim(1));
+  if (per_thread <= 1)
+    launch_rms_norm<1>(x, weight, eps, out, threads, stream);
+  else if (per_thread <= 2)
+    launch_rms_norm<2>(x, weight, eps, out, threads, stream);
+  else if (per_thread <= 4)
+    launch_rms_norm<4>(x, weight, eps, out, threads, stream);
   else
-    rms_norm_kernel<<<blocks, 256, 0, stream>>>(x.data<bf16>(), weight.data<bf16>(), eps, out.data<bf16>(),
-                                                x.dim(1));
+    launch_rms_norm<8>(x, weight, eps, out, threads, stream);
   cuda_check(cudaGetLastError());
 }
 
 void residual_add(Tensor& x, const Tensor& y, cudaStream_t stream) {
-  check(x.numel() == y.numel() && x.dtype() == DType::kBF16 &&
-            (y.dtype() == DType::kBF16 || y.dtype() == DType::kF32),
-        "residual_add: ", x.describe(), " += ", y.describe());
-  if (x.numel() == 0) return;
-  const auto blocks = static_cast<unsigned>((x.numel() + 255) / 256);
+  const int64_t n = x.numel();
+  check(n == y.numel() && x.dtype() == DType::kF32 && (y.dtype() == DType::kF32 || y.dtype() == DType::kBF16),
+        "residual_add: ", x.describe(), " += ", y.describe(), " (x F32, y F32 or BF16)");
+  check(n % kVec == 0 && aligned16(x.raw()) && aligned16(y.raw()), "residual_add: ", n,
+        " elements are not a multiple of ", kVec, " or a tensor is not 16-byte aligned");
+  if (n == 0) return;
+  constexpr int kThreads = 128;
+  const unsigned blocks = blocks_for(n / kVec, kThreads);
   if (y.dtype() == DType::kF32)
-    add_kernel<<<blocks, 256, 0, stream>>>(x.data<bf16>(), y.data<float>(), x.numel());
+    add_kernel<<<blocks, kThreads, 0, stream>>>(x.data<float>(), y.data<float>(), n);
   else
-    add_kernel<<<blocks, 256, 0, stream>>>(x.data<bf16>(), y.data<bf16>(), x.numel());
+    add_kernel<<<blocks, kThreads, 0, stream>>>(x.data<float>(), y.data<bf16>(), n);
   cuda_check(cudaGetLastError());
 }
 
 void scale(Tensor& x, float factor, cudaStream_t stream) {
+  expect(x, DType::kF32, x.shape(), "scale input");
   if (x.numel() == 0) return;
-  const auto blocks = static_cast<unsigned>((x.numel() + 255) / 256);
-  if (x.dtype() == DType::kF32)
-    scale_f32_kernel<<<blocks, 256, 0, stream>>>(x.data<float>(), factor, x.numel());
-  else if (x.dtype() == DType::kBF16)
-    scale_bf16_kernel<<<blocks, 256, 0, stream>>>(x.data<bf16>(), factor, x.numel());
-  else
-    fail("scale: ", x.describe(), " is not BF16 or F32");
+  scale_kernel<<<blocks_for(x.numel(), 256), 256, 0, stream>>>(x.data<float>(), factor, x.numel());
   cuda_check(cudaGetLastError());
 }
 
 void rope(Tensor& qkv, const Tensor& positions, const Tensor& inv_freq, const AttentionParams& p,
           cudaStream_t stream) {
-  const int64_t width = (p.num_heads + 2 * p.num_kv_heads) * p.head_dim;
+  const int64_t D = p.head_dim, width = (p.num_heads + 2 * p.num_kv_heads) * D, heads = p.num_heads + p.num_kv_heads;
   expect(qkv, DType::kBF16, {-1, width}, "rope qkv");
-  if (qkv.dim(0) == 0) return;
-  rope_kernel<<<static_cast<unsigned>(qkv.dim(0)), 256, 0, stream>>>(
-      qkv.data<bf16>(), positions.data<int32_t>(), inv_freq.data<float>(), p.num_heads + p.num_kv_heads, p.head_dim,
-      width);
+  expect(inv_freq, DType::kF32, {D / 2}, "rope inv_freq");
+  check(D % (2 * kVec) == 0 && aligned16(qkv.raw()) && aligned16(inv_freq.raw()), "rope: head_dim ", D,
+        " is not a multiple of ", 2 * kVec, " or a tensor is not 16-byte aligned");
+  const int64_t T = qkv.dim(0);
+  if (T == 0) return;
+  constexpr int kThreads = 128;
+  rope_kernel<<<blocks_for(T * heads * (D / 2 / kVec), kThreads), kThreads, 0, stream>>>(
+      qkv.data<bf16>(), positions.data<int32_t>(), inv_freq.data<float>(), T, heads, D, width);
   cuda_check(cudaGetLastError());
 }
 

@@ -355,7 +355,8 @@ int64_t step_activation_bytes(const ModelConfig& c, int64_t tokens, int64_t logi
                 qkv = (c.num_attention_heads + 2 * c.num_key_value_heads) * c.head_dim;
   const int64_t widest = std::max(H, q);
   const int64_t per_token =
-      2 * (3 * H + qkv + q)           // residual, normed, sublayer output, qkv, attention (BF16)
+      4 * 2 * H                       // residual stream and sublayer output (F32)
+      + 2 * (H + qkv + q)             // normed, qkv, attention (BF16)
       + widest + 4 + widest / 64 * 4  // a linear's FP8 input, its scale and block sums
       + 4 * E + 16 * k                // router logits, top-k ids and weights, sorted rows
       + H + 4 + H / 64 * 4            // the MoE input in FP8

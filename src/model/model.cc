@@ -55,13 +55,13 @@ Tensor Model::forward(const ForwardBatch& batch, KvCache& cache) {
       .communicator = tp_group};
   const bool sandwich = c.norm_placement == NormPlacement::kSandwich;
 
-  Tensor x = ops_.empty(act, {tokens, c.hidden_size});  // the residual stream
+  // x: the residual stream, F32 on every backend. y: the attention and MoE outputs, F32 too (under
+  // tensor parallelism a rank's partial sum, summed F32 over the ranks). Neither is ever rounded to
+  // the activation dtype: x += y adds the fp32 sums as they are, so tp N equals tp 1 up to fp32
+  // summation order. h (a norm's output, the GEMMs' input), qkv and attn are in the activation dtype.
+  Tensor x = ops_.empty(DType::kF32, {tokens, c.hidden_size});
   Tensor h = ops_.empty(act, {tokens, c.hidden_size});
-  // y: the attention and MoE outputs. Under tensor parallelism each rank's partial sum stays F32,
-  // the ranks sum F32, and add / rms_norm round the sum to the activation dtype as they read it:
-  // tp N rounds each output once, as one rank does (not each rank's part, then their sum again).
-  const DType partial = tp_group != nullptr ? DType::kF32 : act;
-  Tensor y = ops_.empty(partial, {tokens, c.hidden_size});
+  Tensor y = ops_.empty(DType::kF32, {tokens, c.hidden_size});
   Tensor qkv = ops_.empty(act, {tokens, qkv_size});
   Tensor attn = ops_.empty(act, {tokens, q_size});
 
@@ -69,8 +69,7 @@ Tensor Model::forward(const ForwardBatch& batch, KvCache& cache) {
   const auto all_reduce = [&] {
     if (tp_group != nullptr) tp_group->all_reduce_sum(y);
   };
-  // x += y, or x += post_norm(y) with sandwich norms (y in the activation dtype, or F32 under
-  // tensor parallelism).
+  // x += y, or x += post_norm(y) with sandwich norms (its output h in the activation dtype).
   const auto residual_add = [&](const Tensor& post_norm) {
     if (sandwich) {
       ops_.rms_norm(y, post_norm, eps, h);

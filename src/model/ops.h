@@ -1,8 +1,15 @@
 // Ops: the contract every backend implements (src/cpu is the plain reference, src/cuda the fast one).
-// The model's forward pass is written once against this interface. Activations are (tokens, features)
-// row-major in the backend's activation dtype (F32 on the CPU, BF16 on CUDA); weights are as in
-// weights.h. Outputs are written into tensors the caller allocated with `empty`, so a backend can run a
-// step from preallocated memory (CUDA graphs) without allocating inside it.
+// The model's forward pass is written once against this interface. Tensors are (tokens, features)
+// row-major; weights are as in weights.h. Outputs are written into tensors the caller allocated with
+// `empty`, so a backend can run a step from preallocated memory (CUDA graphs) without allocating
+// inside it.
+//
+// Dtypes: the residual stream x and the sublayer outputs y (o_proj, MoE: the sums added to x) are F32
+// on every backend and never rounded, so a tensor-parallel sum of F32 partials equals one rank's sum
+// up to fp32 summation order. What the GEMMs read and attention works on (a norm's output h, qkv, the
+// attention output) is in the backend's activation dtype: F32 on the CPU, BF16 on CUDA (and on the
+// CPU twin Bf16ActivationOps). Every op computes in fp32 and rounds once, when it stores an output
+// in BF16 (round to nearest even). Logits are F32.
 #pragma once
 
 #include <cstdint>
@@ -82,36 +89,39 @@ class Ops {
   // default works on host tensors (CPU backend).
   virtual void argmax(const Tensor& x, Tensor& out);
 
-  // out (T, H) = table[ids] for ids (T) I32 and table (V, H) BF16.
+  // out (T, H) F32 = table[ids] for ids (T) I32 and table (V, H) BF16 (exact: BF16 values).
   virtual void embedding(const Tensor& ids, const Tensor& table, Tensor& out) = 0;
-  // out (T, H) = x / rms(x) × weight, weight (H) BF16. x may also be F32 (a tensor-parallel sum):
-  // it is then rounded to the activation dtype as it is read, like add's y.
+  // out (T, H) in the activation dtype = x / rms(x) × weight, for x (T, H) F32 (the residual stream,
+  // or Grok-1's sublayer output y) and weight (H) BF16: inv = 1 / sqrt(Σx² / H + eps) in fp32, then
+  // x · inv · weight, rounded once.
   virtual void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) = 0;
-  // x (T, H) += y (T, H). y in the activation dtype, or F32 (a tensor-parallel sum of partials),
-  // rounded to the activation dtype as it is read: what one rank's op would have written there.
+  // x (T, H) F32 += y (T, H): y F32 (a sublayer's sum, under tensor parallelism over the ranks) or in
+  // the activation dtype (Grok-1's post-norm output). Nothing is rounded.
   virtual void add(Tensor& x, const Tensor& y) = 0;
-  // x *= factor, for x in the activation dtype or F32 (logits), any shape.
+  // x *= factor, for F32 x (the residual stream, logits), any shape.
   virtual void scale(Tensor& x, float factor) = 0;
-  // out (T, out_features) = x (T, in_features) · Wᵀ; quantized formats quantize x to FP8 first.
-  // out in the activation dtype or F32.
+  // out (T, out_features) = x (T, in_features) · Wᵀ, x in the activation dtype; quantized formats
+  // quantize x to FP8 first. out in the activation dtype (qkv) or F32 (o_proj's y).
   // row_group (tensor parallelism, a row-parallel linear such as o_proj): x holds this rank's slice
   // of each row, and a dynamic FP8 scale comes from the row's amax over every rank's slice (an
   // all_reduce_max), so that each rank quantizes exactly as one GPU holding the whole row would.
   virtual void linear(const Tensor& x, const Linear& w, Tensor& out, Communicator* row_group = nullptr) = 0;
   // out (R, N) F32 = rows `rows` (R) I32 of x (T, in) times Wᵀ: the lm_head on the rows that need logits.
   virtual void logits(const Tensor& x, const Tensor& rows, const Linear& w, Tensor& out) = 0;
-  // Neox-style rotary embedding, in place, on the q and k parts of qkv (T, (Hq + 2·Hkv)·D) at
-  // `positions` (T) I32.
+  // Neox-style rotary embedding, in place, on the q and k parts of qkv (T, (Hq + 2·Hkv)·D) in the
+  // activation dtype at `positions` (T) I32: angle = position · inv_freq[i] in fp32, inv_freq[i] =
+  // fp32(1 / theta^(2i / D)).
   virtual void rope(Tensor& qkv, const Tensor& positions, const AttentionParams& params,
                     double theta) = 0;
   // Writes the k and v parts of qkv into `cache` at batch.slot_mapping, then causal attention of
   // each query over its sequence's cached keys (GQA: query head h reads kv head h / (Hq / Hkv));
-  // out (T, Hq·D).
+  // qkv and out (T, Hq·D) both in the activation dtype.
   virtual void attention(const Tensor& qkv, KvCacheLayer& cache, KvCacheDType cache_dtype,
                          const ForwardBatch& batch, const AttentionParams& params,
                          Tensor& out) = 0;
-  // The whole MoE layer: route, experts (gate_up, activation · up, down), weighted combine. out
-  // (T, H) in the activation dtype or F32 (a tensor-parallel rank's partial sum).
+  // The whole MoE layer: route, experts (gate_up, activation · up, down), weighted combine. x (T, H)
+  // in the activation dtype; out (T, H) F32 (y; under tensor parallelism a rank's partial sum) or in
+  // the activation dtype.
   virtual void moe(const Tensor& x, const MoeWeights& w, const MoeParams& params, Tensor& out) = 0;
 };
 

@@ -3,8 +3,11 @@
 --tp-size 1 on the tiny Mixtral and Grok-1 fixtures (bf16 and W4A8: relative L2 ≤ 1e-3, same greedy
 text — the row-parallel FP8 inputs take each row's amax over all ranks), and the
 clear errors for a rank count that does not split the model. On a machine with 2 GPUs the same on
---device cuda (one GPU per rank over NCCL; bf16 within BF16 rounding, 3e-2); anywhere, --tp-size
-beyond the visible GPUs ends at once with a clear error (no hang).
+--device cuda (one GPU per rank over NCCL). There the residual stream and the sublayer outputs are F32
+and the ranks' F32 partial sums are added to it unrounded, so tp 2 equals tp 1 up to fp32 summation
+order, which can move a value across the BF16 rounding of a norm's output: worst position ≤ 3e-3,
+mean ≤ 1e-3 (test_cuda_tp.cc). Anywhere, --tp-size beyond the visible GPUs ends at once with a clear
+error (no hang).
 
 Usage: test_tp.py PATH_TO_NIBBLE   (from the repository root; standard library only)
 """
@@ -93,10 +96,9 @@ class TensorParallel(unittest.TestCase):
                 errors = [rel_l2(a, b) for a, b in zip(one, two)]
                 worst, mean = max(errors), sum(errors) / len(errors)
                 print(f"{model} {quantization} cuda: --tp-size 2 vs 1 relative L2 worst {worst:.2e}, mean {mean:.2e}")
-                if quantization == "none":  # BF16 rounding of each rank's partial sums: test_cuda_tp.cc
-                    self.assertLessEqual(worst, 3e-2, model)
-                else:
-                    self.assertLessEqual(mean, 0.2, model)
+                # fp32 summation order moving a rare BF16 rounding (test_cuda_tp.cc)
+                self.assertLessEqual(worst, 3e-3, f"{model} {quantization}")
+                self.assertLessEqual(mean, 1e-3, f"{model} {quantization}")
 
     @unittest.skipUnless(visible_gpus() >= 2, "fewer than 2 GPUs")
     def test_cuda_generate_tp2_runs(self):

@@ -49,38 +49,99 @@ Tensor i32(const std::vector<int32_t>& v) {
   return t;
 }
 
-TEST(CudaOpsTwin, NormAddEmbeddingRope) {
+// Relative L2 of a device tensor (F32 or BF16) against a host one (F32 or BF16).
+double compare_f32(const Tensor& ref, const Tensor& cuda_out) {
+  const Tensor got = to_f32(cuda::download(cuda_out));
+  const Tensor want = to_f32(ref);
+  return rel_l2(want.data<float>(), got.data<float>(), want.numel());
+}
+
+// RMSNorm of the F32 residual stream into BF16, at every row length the kernel sizes differently (a
+// small row, 1 to 8 units of 8 a thread at 256 threads, 512 threads above 16384) and at 1 and 37
+// tokens, output poisoned: against the BF16-activation twin (the same fp32 formula, rounded once:
+// equal but for rare one-ulp flips where the sums' order moves inv by an ulp) and against the F32 CPU
+// (BF16 rounding, ~1.1e-3).
+TEST(CudaOpsTwin, RmsNormF32Stream) {
+  SKIP_WITHOUT_GPU();
+  CpuOps cpu;
+  Bf16ActivationOps twin;
+  cuda::CudaOps gpu;
+  for (const int64_t H : {64, 1024, 2880, 4096, 6144, 7168, 16384, 20480, 32768})
+    for (const int64_t T : {1, 37}) {
+      const Tensor x = random_f32({T, H}, static_cast<uint32_t>(H + T));
+      const Tensor w = to_bf16(random_f32({H}, 3, 0.5f));
+      Tensor twin_out = twin.empty(DType::kBF16, {T, H}), cpu_out = cpu.empty(DType::kF32, {T, H});
+      Tensor gpu_out = testing::poisoned(DType::kBF16, {T, H});
+      twin.rms_norm(x, w, 1e-5f, twin_out);
+      cpu.rms_norm(x, w, 1e-5f, cpu_out);
+      gpu.rms_norm(gpu.upload(x), gpu.upload(w), 1e-5f, gpu_out);
+      const double vs_twin = compare_f32(twin_out, gpu_out), vs_cpu = compare_f32(cpu_out, gpu_out);
+      std::cout << "rms_norm H=" << H << " T=" << T << ": relative L2 against the twin " << vs_twin
+                << ", the F32 CPU " << vs_cpu << "\n";
+      EXPECT_LE(vs_twin, 2e-4) << "H " << H << " T " << T;
+      EXPECT_LE(vs_cpu, 5e-3) << "H " << H << " T " << T;
+    }
+}
+
+// The residual add into the F32 stream (of an F32 sublayer sum, or of Grok-1's BF16 post-norm
+// output: exact, the same single fp32 addition as the CPU) and the embedding into it (BF16 table
+// values, exact), output poisoned.
+TEST(CudaOpsTwin, AddEmbeddingF32Stream) {
   SKIP_WITHOUT_GPU();
   CpuOps cpu;
   cuda::CudaOps gpu;
-  const int64_t T = 37, H = 2880;
-  const Pair x = random_activations({T, H}, 1), y = random_activations({T, H}, 2);
-  const Tensor w = to_bf16(random_f32({H}, 3, 0.5f));
-  Tensor cpu_out = cpu.empty(DType::kF32, {T, H}), gpu_out = gpu.empty(DType::kBF16, {T, H});
-  cpu.rms_norm(x.cpu, w, 1e-5f, cpu_out);
-  gpu.rms_norm(x.cuda, gpu.upload(w), 1e-5f, gpu_out);
-  EXPECT_LE(compare(cpu_out, gpu_out), 5e-3);
+  for (const int64_t H : {64, 2880, 4096}) {
+    const int64_t T = 37;
+    const Tensor x = random_f32({T, H}, 1), y = random_f32({T, H}, 2);
+    const Tensor h = to_bf16(random_f32({T, H}, 3));
+    Tensor cpu_x = to_f32(x), gpu_x = gpu.upload(x);
+    cpu.add(cpu_x, y);
+    gpu.add(gpu_x, gpu.upload(y));
+    EXPECT_EQ(compare_f32(cpu_x, gpu_x), 0.0) << "F32 y, H " << H;
+    cpu.add(cpu_x, to_f32(h));
+    gpu.add(gpu_x, gpu.upload(h));
+    EXPECT_EQ(compare_f32(cpu_x, gpu_x), 0.0) << "BF16 y, H " << H;
 
-  Tensor cpu_x = to_f32(cuda::download(x.cuda)), gpu_x = gpu.upload(cuda::download(x.cuda));
-  cpu.add(cpu_x, y.cpu);
-  gpu.add(gpu_x, y.cuda);
-  EXPECT_LE(compare(cpu_x, gpu_x), 5e-3);
+    const Tensor table = to_bf16(random_f32({100, H}, 4));
+    const Tensor ids = i32({5, 99, 0, 5, 42});
+    Tensor cpu_e = cpu.empty(DType::kF32, {5, H}), gpu_e = testing::poisoned(DType::kF32, {5, H});
+    cpu.embedding(ids, table, cpu_e);
+    gpu.embedding(gpu.upload(ids), gpu.upload(table), gpu_e);
+    EXPECT_EQ(compare_f32(cpu_e, gpu_e), 0.0) << "embedding, H " << H;
+  }
+  const Tensor logits = random_f32({3, 515}, 5);  // scale: any element count
+  Tensor cpu_l = to_f32(logits), gpu_l = gpu.upload(logits);
+  cpu.scale(cpu_l, 0.5773f);
+  gpu.scale(gpu_l, 0.5773f);
+  EXPECT_EQ(compare_f32(cpu_l, gpu_l), 0.0);
+}
 
-  const Tensor table = to_bf16(random_f32({100, H}, 4));
-  const Tensor ids = i32({5, 99, 0, 5, 42});
-  Tensor cpu_e = cpu.empty(DType::kF32, {5, H}), gpu_e = gpu.empty(DType::kBF16, {5, H});
-  cpu.embedding(ids, table, cpu_e);
-  gpu.embedding(gpu.upload(ids), gpu.upload(table), gpu_e);
-  EXPECT_EQ(compare(cpu_e, gpu_e), 0.0);
-
-  const AttentionParams p{.num_heads = 8, .num_kv_heads = 2, .head_dim = 128, .softmax_scale = 0.088f};
-  const Pair qkv = random_activations({T, (8 + 4) * 128}, 5);
-  std::vector<int32_t> pos(T);
-  std::iota(pos.begin(), pos.end(), 1000);
-  Tensor cpu_q = to_f32(cuda::download(qkv.cuda)), gpu_q = qkv.cuda;
-  cpu.rope(cpu_q, i32(pos), p, 1e6);
-  gpu.rope(gpu_q, gpu.upload(i32(pos)), p, 1e6);
-  EXPECT_LE(compare(cpu_q, gpu_q), 5e-3);
+// RoPE at decode batches (1-32 tokens) and a prefill-sized one, head_dim 16 (the tiny fixtures), 64
+// and 128, positions far apart: against the twin (the same fp32 angles and products; CUDA's sincosf
+// and the C library's sinf/cosf may differ in the last bit, which moves a rare BF16 rounding).
+TEST(CudaOpsTwin, Rope) {
+  SKIP_WITHOUT_GPU();
+  Bf16ActivationOps twin;
+  cuda::CudaOps gpu;
+  for (const int64_t D : {16, 64, 128})
+    for (const int64_t T : {1, 5, 32, 200}) {
+      const AttentionParams p{.num_heads = 8, .num_kv_heads = 2, .head_dim = D, .softmax_scale = 0.088f};
+      const Tensor qkv = to_bf16(random_f32({T, (8 + 4) * D}, static_cast<uint32_t>(5 + D + T)));
+      std::vector<int32_t> pos(T);
+      for (int64_t t = 0; t < T; ++t) pos[t] = static_cast<int32_t>((t * 7919) % 33000);
+      Tensor twin_q = to_bf16(to_f32(qkv)), gpu_q = gpu.upload(qkv);
+      twin.rope(twin_q, i32(pos), p, 1e6);
+      gpu.rope(gpu_q, gpu.upload(i32(pos)), p, 1e6);
+      const double err = compare_f32(twin_q, gpu_q);
+      EXPECT_LE(err, 1e-3) << "head_dim " << D << " T " << T;
+      // v is not rotated: it stays bit for bit.
+      const Tensor got = cuda::download(gpu_q);
+      for (int64_t t = 0; t < T; ++t)
+        EXPECT_EQ(std::memcmp(got.data<Bf16>() + t * 12 * D + 10 * D, qkv.data<Bf16>() + t * 12 * D + 10 * D,
+                              2 * D * sizeof(Bf16)),
+                  0)
+            << "head_dim " << D << " token " << t;
+    }
 }
 
 TEST(CudaOpsTwin, Linears) {
@@ -132,43 +193,15 @@ class SoloCommunicator final : public Communicator {
   void abort() override {}
 };
 
-// The F32 partial sums of tensor parallelism (model.cc at --tp-size N): linears writing F32 (BF16 and
-// FP8 weights, the row-parallel FP8 scale path too), the residual add of an F32 sum into BF16
-// activations and RMSNorm of an F32 sum, against the CPU twins. An F32 input is rounded to BF16 as it
-// is read, as one GPU stores that output: the add equals the BF16-activation twin bit for bit, RMSNorm
-// up to summation order (rare one-ulp flips; reading the F32 values unrounded measures ~1e-3).
-TEST(CudaOpsTwin, TensorParallelF32Sums) {
+// The F32 outputs of the linears (o_proj writes the sublayer output y in F32, model.cc, at every
+// rank count): BF16 and FP8 weights, the row-parallel FP8 scale path too (row_group), output
+// poisoned, against the F32 CPU.
+TEST(CudaOpsTwin, LinearF32Outputs) {
   SKIP_WITHOUT_GPU();
   CpuOps cpu;
-  Bf16ActivationOps twin;
   cuda::CudaOps gpu;
   SoloCommunicator solo;
-  const int64_t T = 37, H = 2880;
-  const Tensor y = random_f32({T, H}, 21);  // F32 values, most of them not BF16 ones
-  const Pair x = random_activations({T, H}, 22);
-  const Tensor w = to_bf16(random_f32({H}, 23, 0.5f));
-
-  Tensor twin_norm = twin.empty(DType::kF32, {T, H}), cpu_norm = cpu.empty(DType::kF32, {T, H});
-  Tensor gpu_norm = testing::poisoned(DType::kBF16, {T, H});
-  twin.rms_norm(y, w, 1e-5f, twin_norm);
-  cpu.rms_norm(y, w, 1e-5f, cpu_norm);
-  gpu.rms_norm(gpu.upload(y), gpu.upload(w), 1e-5f, gpu_norm);
-  const double norm_twin = compare(twin_norm, gpu_norm), norm_cpu = compare(cpu_norm, gpu_norm);
-
-  Tensor twin_x = to_f32(cuda::download(x.cuda)), cpu_x = to_f32(cuda::download(x.cuda));
-  Tensor gpu_x = gpu.upload(cuda::download(x.cuda));
-  twin.add(twin_x, y);
-  cpu.add(cpu_x, y);
-  gpu.add(gpu_x, gpu.upload(y));
-  const double add_twin = compare(twin_x, gpu_x), add_cpu = compare(cpu_x, gpu_x);
-  std::cout << "F32 input, relative L2 against the BF16 twin / the F32 CPU: rms_norm " << norm_twin << " / "
-            << norm_cpu << ", add " << add_twin << " / " << add_cpu << "\n";
-  EXPECT_LE(norm_twin, 2e-4);
-  EXPECT_LE(norm_cpu, 5e-3);
-  EXPECT_EQ(add_twin, 0.0);
-  EXPECT_LE(add_cpu, 5e-3);
-
-  const int64_t K = 1408, N = 640;
+  const int64_t T = 37, K = 1408, N = 640;
   const Pair a = random_activations({T, K}, 24);
   const Tensor wf = random_f32({N, K}, 25, 0.03f);
   const Fp8Weight q = quantize_fp8_per_tensor(wf);

@@ -98,16 +98,15 @@ void expect_w4a8_experts_exact(const std::string& dir) {
   }
 }
 
-// The GPU's precision on the CPU (Bf16ActivationOps: every activation rounded to BF16), as CUDA
-// runs tensor parallelism: each rank's o_proj and MoE partial sum stays F32, the ranks sum F32,
-// and the residual add (Grok-1: the post-norm) rounds the sum to BF16 as it reads it, as one rank
-// rounds the same output once. So tp 2 equals tp 1 but where fp32 summation order moves a value
-// across a BF16 rounding boundary, and every later BF16 rounding carries that on. Measured worst /
-// mean / whole tensor: W4A8 and Grok-1 bf16 0 / 0 / 0; Mixtral bf16 6.1e-3 / 9.0e-4 / 1.9e-3
-// (equal up to position 26, where one flip starts and spreads through attention). With BF16
-// partials (each rank's rounded, then the sum again), bf16: Mixtral 1.1e-2 / 8.2e-3, Grok-1
-// 1.7e-2 / 9.6e-3; with F32 partials added to x unrounded (one rounding fewer than one rank):
-// 1.1e-2 / 7.6e-3 and 1.3e-2 / 8.7e-3.
+// The GPU's precision on the CPU (Bf16ActivationOps: BF16 activations where CUDA has them), as CUDA
+// runs tensor parallelism: the residual stream x and the sublayer outputs y are F32 on every rank
+// count (ops.h), each rank's o_proj and MoE partial sum stays F32, the ranks sum F32 and x += y adds
+// the sum unrounded. So tp 2 equals tp 1 but where fp32 summation order moves a value across the
+// BF16 rounding of a norm's output (or qkv, attention), which later BF16 roundings carry on; a flip
+// no longer stays in x as a BF16 step. Measured worst / mean / whole tensor: W4A8 both fixtures and
+// Grok-1 bf16 0 / 0 / 0; Mixtral bf16 1.5e-3 / 5.1e-5 / 2.5e-4. Before (x BF16, the F32 sum rounded
+// to BF16 as added): Mixtral bf16 6.1e-3 / 9.0e-4 / 1.9e-3; with BF16 partials (each rank's rounded,
+// then their sum again): Mixtral 1.1e-2 / 8.2e-3, Grok-1 1.7e-2 / 9.6e-3.
 void expect_bf16_activations_within_rounding(const std::string& dir) {
   const std::vector<int32_t> ids = prompt_ids(dir);
   const ModelConfig c = load_model_config(dir);
@@ -123,8 +122,9 @@ void expect_bf16_activations_within_rounding(const std::string& dir) {
     std::cout << dir << " " << quantization_name(q)
               << " BF16 activations --tp-size 2 vs 1: worst relative L2 " << cmp.worst << ", mean "
               << cmp.mean << ", whole " << cmp.whole << "\n";
-    EXPECT_LE(cmp.worst, 1e-2);
-    EXPECT_LE(cmp.mean, 2e-3);
+    EXPECT_LE(cmp.whole, 1e-3);
+    EXPECT_LE(cmp.worst, 3e-3);
+    EXPECT_LE(cmp.mean, 3e-4);
     EXPECT_EQ(cmp.argmax_diff, 0);
     const auto greedy = generate(one, ids, 16, {}, KvCacheDType::kBf16, {});
     EXPECT_EQ(generate(tp, ids, 16, {}, KvCacheDType::kBf16, {}), greedy);
