@@ -31,8 +31,7 @@ __global__ void dequant_int4_kernel(const __grid_constant__ DequantArgs a) {
     const uint32_t words[4] = {v.x, v.y, v.z, v.w};
     const int64_t e = i / lanes_per_expert, r = i % lanes_per_expert;
     const int lane = static_cast<int>(r % 32), g = lane >> 2, q = lane & 3;
-    int64_t t = 0, kb = 0;
-    gemm_record_tile(r / 32, a.n / 16, kblocks, t, kb);
+    const int64_t kb = (r / 32) % kblocks, t = r / 32 / kblocks;
     uint8_t* row_lo = a.out + (e * a.n + 16 * t + g) * a.k + kb * kGemmKBlock + 4 * q;
     uint8_t* row_hi = row_lo + 8 * a.k;
 #pragma unroll
@@ -62,8 +61,7 @@ __global__ void dequant_fp8_kernel(const __grid_constant__ DequantArgs a) {
     const uint32_t words[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
     const int64_t e = i / lanes_per_expert, r = i % lanes_per_expert;
     const int lane = static_cast<int>(r % 32), g = lane >> 2, q = lane & 3;
-    int64_t t = 0, kb = 0;
-    gemm_record_tile(r / 32, a.n / 16, kblocks, t, kb);
+    const int64_t kb = (r / 32) % kblocks, t = r / 32 / kblocks;
     uint8_t* base = a.out + (e * a.n + 16 * t + g) * a.k + kb * kGemmKBlock + 4 * q;
 #pragma unroll
     for (int w = 0; w < 8; ++w) {

@@ -54,13 +54,13 @@ struct Tile {
   static constexpr int kPairsPerLane = kActPairs / 32;
 };
 
-// One stage: the block's weight records for the stage's K blocks as stored (K block by K block, the
-// group's tiles side by side: record b · width + w; one bulk copy), and the activations as K-major core matrices, core matrix (row group j, 16-byte K column c) at
+// One stage: each warp's weight fragments for the stage's K blocks (one contiguous bulk copy a warp),
+// and the activations as K-major core matrices, core matrix (row group j, 16-byte K column c) at
 // (j · 4 + c) · 128 in each K block: 128 bytes between K neighbours, 512 between row groups.
 template <int kTokenTiles, bool kFp8>
 struct alignas(128) GemmSmem {
   using T = Tile<kTokenTiles, kFp8>;
-  uint4 weights[T::kStages][kBlocksPerStage * kWarps][32 * T::kLaneWords];
+  uint4 weights[T::kStages][kWarps][kBlocksPerStage][32 * T::kLaneWords];
   uint8_t act[T::kStages][kBlocksPerStage][T::kRows * kGemmKBlock];
   uint64_t full[T::kStages];   // a slot's weights and activations have landed
   uint64_t empty[T::kStages];  // the consumers are done with a slot
@@ -73,18 +73,17 @@ struct Cursor {
   int unit;
   int chunk, stage;
   // Resolved from unit:
-  int expert, row_begin, rows, group, width, split, chunks, stages, kb_begin, kb_count;
+  int expert, row_begin, rows, group, split, chunks, stages, kb_begin, kb_count;
 };
 
 struct Walk {
-  int units, tiles, groups, splits, kblocks, per_split, rows_per_chunk;
+  int units, groups, splits, kblocks, per_split, rows_per_chunk;
 
   __device__ void resolve(Cursor& c, const GemmW4A8Args& p) const {
     c.chunk = c.stage = 0;
     if (c.unit >= units) return;
     const int slot = c.unit / (groups * splits), rest = c.unit % (groups * splits);
     c.group = rest / splits;
-    c.width = min(kWarps, tiles - c.group * kWarps);
     c.split = rest % splits;
     c.expert = p.active_experts[slot];
     c.row_begin = p.expert_offsets[c.expert];
@@ -121,7 +120,6 @@ __global__ void __launch_bounds__(kThreads, (Tile<kTokenTiles, kFp8>::kMinBlocks
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, q = lane & 3;
   const int tiles = static_cast<int>(p.n / 16);
   Walk walk;
-  walk.tiles = tiles;
   walk.groups = (tiles + kWarps - 1) / kWarps;
   walk.splits = static_cast<int>(p.splits);
   walk.kblocks = static_cast<int>(p.k / kGemmKBlock);
@@ -138,11 +136,10 @@ __global__ void __launch_bounds__(kThreads, (Tile<kTokenTiles, kFp8>::kMinBlocks
   }
   __syncthreads();
 
-  // The weights of a cursor's tile group from K block kb on (gemm_record's layout).
-  auto weights_at = [&](const Cursor& c, int kb) {
+  // The weights of tile `tile` of a cursor's expert from K block kb.
+  auto weights_at = [&](const Cursor& c, int tile, int kb) {
     return static_cast<const uint8_t*>(p.weights) +
-           ((static_cast<int64_t>(c.expert) * tiles + c.group * kWarps) * walk.kblocks +
-            static_cast<int64_t>(kb) * c.width) * T::kWarpBlockBytes;
+           ((static_cast<int64_t>(c.expert) * tiles + tile) * walk.kblocks + kb) * T::kWarpBlockBytes;
   };
 
   if (warp == kWarps) {  // the producer
@@ -154,14 +151,13 @@ __global__ void __launch_bounds__(kThreads, (Tile<kTokenTiles, kFp8>::kMinBlocks
     Cursor load{.unit = static_cast<int>(blockIdx.x)}, ahead = load;
     walk.resolve(load, p);
     walk.resolve(ahead, p);
-    auto prefetch_stage = [&](const Cursor& c) {
-      if (lane != 0) return;
-      const int first = c.kb_begin + c.stage * kBlocksPerStage;
-      const int nkb = min(kBlocksPerStage, c.kb_begin + c.kb_count - first);
-      ptx::prefetch_l2_bulk(weights_at(c, first), static_cast<uint32_t>(nkb * c.width * T::kWarpBlockBytes));
-    };
     for (int s = 0; prefetch > 0 && s < kStages + prefetch && walk.valid(ahead); ++s) {
-      prefetch_stage(ahead);
+      if (lane < kWarps && ahead.group * kWarps + lane < tiles) {
+        const int first = ahead.kb_begin + ahead.stage * kBlocksPerStage;
+        const int nkb = min(kBlocksPerStage, ahead.kb_begin + ahead.kb_count - first);
+        ptx::prefetch_l2_bulk(weights_at(ahead, ahead.group * kWarps + lane, first),
+                              static_cast<uint32_t>(nkb * T::kWarpBlockBytes));
+      }
       walk.advance(ahead, p);
     }
     for (int step = 0; walk.valid(load); ++step) {
@@ -179,10 +175,13 @@ __global__ void __launch_bounds__(kThreads, (Tile<kTokenTiles, kFp8>::kMinBlocks
       }
       const int first = load.kb_begin + load.stage * kBlocksPerStage;
       const int nkb = min(kBlocksPerStage, load.kb_begin + load.kb_count - first);
-      if (lane == 0) {  // the weights: one bulk copy
-        const auto bytes = static_cast<uint32_t>(nkb * load.width * T::kWarpBlockBytes);
-        ptx::mbarrier_arrive_expect_tx(&sm.full[slot], bytes);
-        ptx::bulk_copy_to_shared(sm.weights[slot], weights_at(load, first), bytes, &sm.full[slot]);
+      if (lane == 0) {  // the weights: one bulk copy a consumer warp's tile
+        const int valid_tiles = min(kWarps, tiles - load.group * kWarps);
+        const auto bytes = static_cast<uint32_t>(nkb * T::kWarpBlockBytes);
+        ptx::mbarrier_arrive_expect_tx(&sm.full[slot], bytes * valid_tiles);
+        for (int w = 0; w < valid_tiles; ++w)
+          ptx::bulk_copy_to_shared(sm.weights[slot][w], weights_at(load, load.group * kWarps + w, first), bytes,
+                                   &sm.full[slot]);
       }
 #pragma unroll
       for (int b = 0; b < kBlocksPerStage; ++b)
@@ -194,7 +193,12 @@ __global__ void __launch_bounds__(kThreads, (Tile<kTokenTiles, kFp8>::kMinBlocks
       ptx::cp_async_mbarrier_arrive(&sm.full[slot]);
       walk.advance(load, p);
       if (prefetch > 0 && walk.valid(ahead)) {
-        prefetch_stage(ahead);
+        if (lane < kWarps && ahead.group * kWarps + lane < tiles) {
+          const int af = ahead.kb_begin + ahead.stage * kBlocksPerStage;
+          const int an = min(kBlocksPerStage, ahead.kb_begin + ahead.kb_count - af);
+          ptx::prefetch_l2_bulk(weights_at(ahead, ahead.group * kWarps + lane, af),
+                                static_cast<uint32_t>(an * T::kWarpBlockBytes));
+        }
         walk.advance(ahead, p);
       }
     }
@@ -219,16 +223,14 @@ __global__ void __launch_bounds__(kThreads, (Tile<kTokenTiles, kFp8>::kMinBlocks
       uint32_t a[2][2][4];
 #pragma unroll
       for (int bb = 0; bb < 2; ++bb) {
-        // This warp's record of K block b (a warp past the group's width reads another record; its
-        // products are never written).
-        const uint4* record = sm.weights[slot][(half * 2 + bb) * compute.width + warp];
+        const int b = half * 2 + bb;
         if constexpr (kFp8) {  // the two K steps' A fragments, as stored
-          const uint4 lo = record[2 * lane], hi = record[2 * lane + 1];
+          const uint4 lo = sm.weights[slot][warp][b][2 * lane], hi = sm.weights[slot][warp][b][2 * lane + 1];
           a[bb][0][0] = lo.x, a[bb][0][1] = lo.y, a[bb][0][2] = lo.z, a[bb][0][3] = lo.w;
           a[bb][1][0] = hi.x, a[bb][1][1] = hi.y, a[bb][1][2] = hi.z, a[bb][1][3] = hi.w;
         } else {
           // Each nibble u becomes the FP8 byte u, worth u · 2^-9: low nibbles are rows g, high g + 8.
-          const uint4 w = record[lane];
+          const uint4 w = sm.weights[slot][warp][b][lane];
           a[bb][0][0] = w.x & 0x0F0F0F0Fu, a[bb][0][1] = (w.x >> 4) & 0x0F0F0F0Fu;
           a[bb][0][2] = w.y & 0x0F0F0F0Fu, a[bb][0][3] = (w.y >> 4) & 0x0F0F0F0Fu;
           a[bb][1][0] = w.z & 0x0F0F0F0Fu, a[bb][1][1] = (w.z >> 4) & 0x0F0F0F0Fu;

@@ -5,11 +5,9 @@
 // spread over all SMs (output channels on the 16-row side of the tensor-core tile, tokens on the
 // 8-column side), split along K when the experts' channels alone cannot fill the GPU.
 //
-// Weight layout (made at load time by repack_int4_for_gemm): per expert, records of (16-row tile,
-// 64-wide K block), each 32 lanes × 16 bytes, so each lane's 16-byte load is exactly its mma.m16n8k32
-// A fragments for two K steps. Records go by groups of four tiles (the four warps of a kernel block),
-// a group K block by K block with its tiles side by side (gemm_record), so that a block's weights for
-// a run of K blocks are one contiguous run of memory. Each value is stored as u = v + 8 in [0, 15], which read as an FP8 e4m3 byte is
+// Weight layout (made at load time by repack_int4_for_gemm): per expert, per 16-row tile, per 64-wide
+// K block, 32 lanes × 16 bytes, so each lane's 16-byte load is exactly its mma.m16n8k32 A fragments
+// for two K steps. Each value is stored as u = v + 8 in [0, 15], which read as an FP8 e4m3 byte is
 // exactly u · 2^-9 (the subnormal and first normal binade are evenly spaced); the kernel turns 8
 // nibbles into 8 FP8 operands with two logic ops, and corrects the offset with the activation sums:
 //   Σ a·v = 2^9 · Σ a·(u · 2^-9) − 8 · Σ a.
@@ -24,20 +22,6 @@
 namespace nibble::cuda {
 
 inline constexpr int kGemmKBlock = 64;  // K granularity of the layout and of the activation sums
-inline constexpr int kGemmTileGroup = 4;  // tiles side by side in the layout: one kernel block's warps
-
-// The index of record (tile t, K block kb) among an expert's `tiles` × `kblocks` records, and back.
-__host__ __device__ inline int64_t gemm_record(int64_t t, int64_t kb, int64_t tiles, int64_t kblocks) {
-  const int64_t group = t / kGemmTileGroup, rest = tiles - kGemmTileGroup * group;
-  const int64_t width = rest < kGemmTileGroup ? rest : kGemmTileGroup;
-  return kGemmTileGroup * group * kblocks + kb * width + t % kGemmTileGroup;
-}
-__host__ __device__ inline void gemm_record_tile(int64_t r, int64_t tiles, int64_t kblocks, int64_t& t, int64_t& kb) {
-  const int64_t group = r / (kGemmTileGroup * kblocks), within = r % (kGemmTileGroup * kblocks);
-  const int64_t rest = tiles - kGemmTileGroup * group, width = rest < kGemmTileGroup ? rest : kGemmTileGroup;
-  kb = within / width;
-  t = kGemmTileGroup * group + within % width;
-}
 
 // The expert weights' element type. FP8 weights use the same tiling with 32 bytes a lane per K block
 // (both K steps' A fragments as stored, no offset correction); their activation sums are not read.

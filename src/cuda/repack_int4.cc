@@ -25,7 +25,6 @@ Tensor repack_int4_for_gemm(const Tensor& codes) {
       for (int64_t kb = 0; kb < kblocks; ++kb)
         for (int lane = 0; lane < 32; ++lane)
           for (int j = 0; j < 4; ++j) {
-            uint32_t* word_at = dst + gemm_record(t, kb, tiles, kblocks) * 128 + lane * 4 + j;
             const int g = lane >> 2, q = lane & 3, s = j >> 1, h = j & 1;
             const int64_t c0 = kb * kGemmKBlock + 32 * s + 16 * h + 4 * q;
             uint32_t word = 0;
@@ -33,7 +32,7 @@ Tensor repack_int4_for_gemm(const Tensor& codes) {
               word |= u(16 * t + g, c0 + b) << (8 * b);          // low nibble of byte b: row g
               word |= u(16 * t + g + 8, c0 + b) << (8 * b + 4);  // high nibble: row g + 8
             }
-            *word_at = word;
+            *dst++ = word;
           }
   }
   return out;

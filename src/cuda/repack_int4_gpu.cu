@@ -33,9 +33,7 @@ __global__ void repack_kernel(const __grid_constant__ RepackArgs a) {
     int64_t r = w % words_per_expert;
     const int j = static_cast<int>(r % 4), lane = static_cast<int>((r / 4) % 32);
     r /= 128;
-    const int64_t kblocks = a.k / kGemmKBlock;
-    int64_t t = 0, kb = 0;
-    gemm_record_tile(r, a.n / 16, kblocks, t, kb);
+    const int64_t kblocks = a.k / kGemmKBlock, kb = r % kblocks, t = r / kblocks;
     const int g = lane >> 2, q = lane & 3, s = j >> 1, h = j & 1;
     const int64_t c0 = kb * kGemmKBlock + 32 * s + 16 * h + 4 * q;
     const uint32_t* row_lo = a.codes + (e * a.n + 16 * t + g) * (a.k / 8);
@@ -49,7 +47,7 @@ __global__ void repack_kernel(const __grid_constant__ RepackArgs a) {
 
 struct RepackFp8Args {
   const uint8_t* codes;  // (E, N, K)
-  uint32_t* out;         // (E, N/16 · K/64 records (gemm_record), 32 lanes, 8 words)
+  uint32_t* out;         // (E, N/16, K/64, 32 lanes, 8 words)
   int64_t experts, n, k;
 };
 
@@ -61,9 +59,7 @@ __global__ void repack_fp8_kernel(const __grid_constant__ RepackFp8Args a) {
     int64_t r = w % words_per_expert;
     const int word = static_cast<int>(r % 8), lane = static_cast<int>((r / 8) % 32);
     r /= 256;
-    const int64_t kblocks = a.k / kGemmKBlock;
-    int64_t t = 0, kb = 0;
-    gemm_record_tile(r, a.n / 16, kblocks, t, kb);
+    const int64_t kblocks = a.k / kGemmKBlock, kb = r % kblocks, t = r / kblocks;
     const int g = lane >> 2, q = lane & 3, s = word >> 2, rr = word & 3;
     const int64_t row = 16 * t + g + 8 * (rr & 1), col = kb * kGemmKBlock + 32 * s + 16 * (rr >> 1) + 4 * q;
     const uint8_t* src = a.codes + (e * a.n + row) * a.k + col;

@@ -58,28 +58,6 @@ Tensor i32_tensor(const std::vector<int32_t>& v) {
 }
 
 // The GPU repack (used at load time) writes exactly the bytes of its host twin.
-// The weight layout's record order (no GPU needed): a bijection, and a kernel block's stage (its group's
-// tiles over consecutive K blocks) one contiguous run.
-TEST(GemmLayout, RecordsOfAGroupAreContiguous) {
-  for (const int64_t tiles : {1, 3, 4, 5, 8, 11, 448})
-    for (const int64_t kblocks : {1, 3, 64}) {
-      std::vector<int> seen(tiles * kblocks, 0);
-      for (int64_t t = 0; t < tiles; ++t)
-        for (int64_t kb = 0; kb < kblocks; ++kb) {
-          const int64_t r = cuda::gemm_record(t, kb, tiles, kblocks);
-          ASSERT_TRUE(r >= 0 && r < tiles * kblocks) << tiles << " " << kblocks;
-          ++seen[r];
-          int64_t t2 = -1, kb2 = -1;
-          cuda::gemm_record_tile(r, tiles, kblocks, t2, kb2);
-          EXPECT_EQ(t2, t);
-          EXPECT_EQ(kb2, kb);
-          const int64_t first = t / 4 * 4, width = std::min<int64_t>(4, tiles - first);
-          EXPECT_EQ(r, cuda::gemm_record(first, 0, tiles, kblocks) + kb * width + (t - first));
-        }
-      EXPECT_TRUE(std::all_of(seen.begin(), seen.end(), [](int n) { return n == 1; }));
-    }
-}
-
 TEST(RepackInt4, GpuEqualsHost) {
   SKIP_WITHOUT_GPU();
   const HostInt4 w = random_int4(3, 48, 192, 11);
