@@ -7,6 +7,7 @@ relative L2 distance per prompt and fails (exit 1) above the bound.
 
   .venv-tools/bin/python tools/compare_demo_with_transformers.py --nibble build/nibble
   python3 tools/compare_demo_with_transformers.py --nibble build/nibble --device cuda   # GPU machine
+  python3 tools/compare_demo_with_transformers.py --nibble build/nibble --device cuda --nibble-device cpu
 """
 import argparse
 import json
@@ -46,7 +47,8 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--nibble", default="build/nibble", help="the nibble binary")
     p.add_argument("--model-path", default="models/demo-moe")
-    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="for both nibble and torch")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="for torch, and nibble unless --nibble-device")
+    p.add_argument("--nibble-device", choices=["cpu", "cuda"], help="nibble's backend (default: --device)")
     p.add_argument("--bound", type=float, default=1e-2, help="largest relative L2 distance allowed")
     args = p.parse_args()
     from transformers import MixtralForCausalLM
@@ -65,7 +67,7 @@ def main():
                 sys.exit(f"compare_demo_with_transformers: prompt {i}: nibble tokenize {nibble_ids} != tokenizers {ids}")
             out = pathlib.Path(tmp) / f"{i}.npy"
             nibble(args.nibble, "logits", "--model-path", model_dir, "--ids", ",".join(map(str, ids)), "--out", out,
-                   "--quantization", "none", "--device", args.device)
+                   "--quantization", "none", "--device", args.nibble_device or args.device)
             got = np.load(out).astype(np.float64)  # (T, vocab)
             row = {"prompt": i, "tokens": len(ids)}
             with torch.no_grad():
@@ -77,7 +79,8 @@ def main():
                     worst = max(worst, row[name])
             rows.append(row)
             print(json.dumps(row))
-    print(json.dumps({"model": str(model_dir), "device": args.device, "prompts": len(rows),
+    print(json.dumps({"model": str(model_dir), "device": args.device, "nibble_device": args.nibble_device or args.device,
+                      "prompts": len(rows),
                       "worst_rel_l2": worst, "bound": args.bound, "ok": worst <= args.bound}))
     if worst > args.bound:
         sys.exit(1)
