@@ -151,7 +151,8 @@ __global__ void __launch_bounds__(kThreads, (Tile<kTokenTiles, kFp8>::kMinBlocks
     Cursor load{.unit = static_cast<int>(blockIdx.x)}, ahead = load;
     walk.resolve(load, p);
     walk.resolve(ahead, p);
-    for (int s = 0; prefetch > 0 && s < kStages + prefetch && walk.valid(ahead); ++s) {
+    // Lanes 0-3 ask L2 for the weights of `ahead`'s stage, then `ahead` moves on.
+    auto prefetch_next = [&] {
       if (lane < kWarps && ahead.group * kWarps + lane < tiles) {
         const int first = ahead.kb_begin + ahead.stage * kBlocksPerStage;
         const int nkb = min(kBlocksPerStage, ahead.kb_begin + ahead.kb_count - first);
@@ -159,7 +160,8 @@ __global__ void __launch_bounds__(kThreads, (Tile<kTokenTiles, kFp8>::kMinBlocks
                               static_cast<uint32_t>(nkb * T::kWarpBlockBytes));
       }
       walk.advance(ahead, p);
-    }
+    };
+    for (int s = 0; prefetch > 0 && s < kStages + prefetch && walk.valid(ahead); ++s) prefetch_next();
     for (int step = 0; walk.valid(load); ++step) {
       const int slot = step % kStages;
       if (step >= kStages) ptx::mbarrier_wait(&sm.empty[slot], ((step / kStages) - 1) & 1);
@@ -192,15 +194,7 @@ __global__ void __launch_bounds__(kThreads, (Tile<kTokenTiles, kFp8>::kMinBlocks
                              act_src[i] ? act_src[i] + (first + b) * kGemmKBlock : p.act, act_src[i] != nullptr);
       ptx::cp_async_mbarrier_arrive(&sm.full[slot]);
       walk.advance(load, p);
-      if (prefetch > 0 && walk.valid(ahead)) {
-        if (lane < kWarps && ahead.group * kWarps + lane < tiles) {
-          const int af = ahead.kb_begin + ahead.stage * kBlocksPerStage;
-          const int an = min(kBlocksPerStage, ahead.kb_begin + ahead.kb_count - af);
-          ptx::prefetch_l2_bulk(weights_at(ahead, ahead.group * kWarps + lane, af),
-                                static_cast<uint32_t>(an * T::kWarpBlockBytes));
-        }
-        walk.advance(ahead, p);
-      }
+      if (prefetch > 0 && walk.valid(ahead)) prefetch_next();
     }
     return;
   }
