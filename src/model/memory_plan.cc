@@ -1,8 +1,8 @@
 // The memory plan: bytes per GPU by tensor class, KV bytes per token, the verdict, and the KV
 // budget after loading. Tensor parallelism (DESIGN.md §4) splits experts along their intermediate
 // dim, attention by heads (kv heads replicated when there are fewer than ranks; MLA's latent
-// projections replicated), embed_tokens and lm_head along the vocabulary; routers and norms are
-// replicated.
+// projections replicated); embed_tokens, lm_head, routers and norms are replicated, as
+// src/model/tensor_parallel.cc places them.
 #include "model/memory_plan.h"
 
 #include <algorithm>
@@ -15,10 +15,6 @@
 
 namespace nibble {
 namespace {
-
-int64_t div_up(int64_t a, int64_t b) {
-  return (a + b - 1) / b;
-}
 
 std::string params_text(int64_t n) {
   if (n == 0) return "-";
@@ -109,9 +105,9 @@ std::vector<PlanLine> plan_lines(const ModelShape& s, const WeightFormats& f, in
   lines.push_back({.tensor_class = TensorClass::kEmbedding,
                    .name = "embed_tokens",
                    .format = "bf16",
-                   .split = "vocab / tp",
+                   .split = "replicated",
                    .parameters = V * H,
-                   .bytes_per_gpu = div_up(V, tp) * H * 2});
+                   .bytes_per_gpu = V * H * 2});
   lines.push_back(attention_line(s, f.attention, tp));
   if (s.num_moe_layers > 0) {
     const int64_t E = s.num_experts, I = s.moe_intermediate_size, Lm = s.num_moe_layers;
@@ -159,9 +155,9 @@ std::vector<PlanLine> plan_lines(const ModelShape& s, const WeightFormats& f, in
   lines.push_back({.tensor_class = TensorClass::kLmHead,
                    .name = s.tie_word_embeddings ? "lm_head (tied, own copy)" : "lm_head",
                    .format = "bf16",
-                   .split = "vocab / tp",
+                   .split = "replicated",
                    .parameters = s.tie_word_embeddings ? 0 : V * H,
-                   .bytes_per_gpu = div_up(V, tp) * H * 2});
+                   .bytes_per_gpu = V * H * 2});
   return lines;
 }
 

@@ -84,7 +84,7 @@ TEST(MemoryPlan, Fp8ExpertsByHand) {
 TEST(MemoryPlan, TensorParallelSplitsByHand) {
   const MemoryPlan p =
       plan(tiny(), Quantization::kQuarkInt4Fp8Moe, 2, int64_t{1} << 40, KvCacheDType::kFp8E4M3);
-  EXPECT_EQ(line_bytes(p, TensorClass::kEmbedding), 256 * 64 * 2);  // vocab split
+  EXPECT_EQ(line_bytes(p, TensorClass::kEmbedding), 512 * 64 * 2);  // replicated
   // per rank 2 q heads and 1 kv head: qkv (2+1+1)·16 = 64 rows: 64×64 + 64×4 = 4352; o 64×32 + 64×4
   // = 2304
   EXPECT_EQ(line_bytes(p, TensorClass::kAttention), 3 * (4352 + 2304));
@@ -92,7 +92,7 @@ TEST(MemoryPlan, TensorParallelSplitsByHand) {
   // I/2 = 64: gate_up 128×64/2 + 128×4 = 4608, down 64×64/2 + 64×4 = 2304
   EXPECT_EQ(line_bytes(p, TensorClass::kExperts), 12 * (4608 + 2304));
   EXPECT_EQ(line_bytes(p, TensorClass::kNorms), 896);
-  EXPECT_EQ(line_bytes(p, TensorClass::kLmHead), 256 * 64 * 2);
+  EXPECT_EQ(line_bytes(p, TensorClass::kLmHead), 512 * 64 * 2);  // replicated
   EXPECT_EQ(p.kv_bytes_per_token, 3 * 2 * 1 * 16);
   // 4 ranks, 2 kv heads: each rank keeps one kv head (replicated), so KV per token stays 96.
   EXPECT_EQ(plan(tiny(), Quantization::kNone, 4, int64_t{1} << 40, KvCacheDType::kFp8E4M3)
