@@ -63,7 +63,8 @@ def layer_bytes(c, quantization, tp=1, active_experts=None):
 
 
 def model_bytes(c, quantization, tp=1):
-    V, H = -(-c["vocab_size"] // tp), c["hidden_size"]
+    # embed_tokens and lm_head (a tied one is its own copy) whole on every rank, the final norm
+    V, H = c["vocab_size"], c["hidden_size"]
     return 2 * V * H * 2 + H * 2 + c["num_hidden_layers"] * layer_bytes(c, quantization, tp)
 
 
