@@ -8,6 +8,7 @@
 #include <cmath>
 #include <fstream>
 #include <functional>
+#include <iostream>
 #include <memory>
 #include <optional>
 #include <string>
@@ -107,6 +108,44 @@ inline Comparison compare(const Tensor& ref, const Tensor& got) {
   }
   c.whole = rel_l2(ref.data<float>(), got.data<float>(), rows * vocab);
   return c;
+}
+
+// Decoding the fixture's prompt one token at a time (after a prefill of half of it) gives the logits
+// of one forward pass, for bf16 and W4A8, with a BF16 and an FP8 KV cache.
+inline void expect_stepwise_equals_full(const std::string& dir) {
+  const std::vector<int32_t> ids = prompt_ids(dir);
+  for (const Quantization q : {Quantization::kNone, Quantization::kQuarkInt4Fp8Moe}) {
+    auto l = load(dir, q);
+    for (const KvCacheDType kv : {KvCacheDType::kBf16, KvCacheDType::kFp8E4M3}) {
+      const Comparison c = compare(full_logits(*l->model, ids, kv), stepwise_logits(*l->model, ids, kv));
+      EXPECT_LE(c.worst, 1e-4) << quantization_name(q);
+      EXPECT_EQ(c.argmax_diff, 0);
+    }
+  }
+}
+
+// A quantization scheme and KV cache, with bounds on its logits' relative L2 from the bf16 model's.
+struct SchemeBounds {
+  Quantization q;
+  KvCacheDType kv;
+  double mean_bound;
+  double worst_bound;
+};
+
+// Each scheme's logits of the fixture's prompt against the bf16 model's (printed, then bounded).
+inline void expect_schemes_close_to_bf16(const std::string& dir, const std::vector<SchemeBounds>& schemes) {
+  const std::vector<int32_t> ids = prompt_ids(dir);
+  auto bf16 = load(dir, Quantization::kNone);
+  const Tensor ref = full_logits(*bf16->model, ids, KvCacheDType::kBf16);
+  for (const SchemeBounds& c : schemes) {
+    auto l = load(dir, c.q);
+    const Comparison got = compare(ref, full_logits(*l->model, ids, c.kv));
+    std::cout << quantization_name(c.q) << (c.kv == KvCacheDType::kFp8E4M3 ? " + fp8 kv" : "")
+              << ": relative L2 vs bf16 mean " << got.mean << ", worst " << got.worst
+              << "; argmax differs at " << got.argmax_diff << "/" << ids.size() << " positions\n";
+    EXPECT_LE(got.mean, c.mean_bound);
+    EXPECT_LE(got.worst, c.worst_bound);
+  }
 }
 
 }  // namespace nibble::test

@@ -52,46 +52,18 @@ TEST(TinyGrok1, Bf16GreedyMatchesReference) {
   EXPECT_EQ(got, expected);
 }
 
-TEST(TinyGrok1, DecodeOneAtATimeEqualsOneForward) {
-  const std::vector<int32_t> ids = prompt_ids();
-  for (const Quantization q : {Quantization::kNone, Quantization::kQuarkInt4Fp8Moe}) {
-    auto l = load(q);
-    for (const KvCacheDType kv : {KvCacheDType::kBf16, KvCacheDType::kFp8E4M3}) {
-      const Comparison c =
-          compare(full_logits(*l->model, ids, kv), test::stepwise_logits(*l->model, ids, kv));
-      EXPECT_LE(c.worst, 1e-4) << quantization_name(q);
-      EXPECT_EQ(c.argmax_diff, 0);
-    }
-  }
-}
+TEST(TinyGrok1, DecodeOneAtATimeEqualsOneForward) { test::expect_stepwise_equals_full(kModel); }
 
 // Quantized schemes against nibble's bf16 logits. The bounds are the errors measured on this
 // fixture (printed) with about 1.5x headroom on the mean; a regression in any scheme's numerics
 // moves the mean error to order one.
 TEST(TinyGrok1, QuantizedSchemesStayCloseToBf16) {
-  const std::vector<int32_t> ids = prompt_ids();
-  auto bf16 = load(Quantization::kNone);
-  const Tensor ref = full_logits(*bf16->model, ids, KvCacheDType::kBf16);
-  struct Case {
-    Quantization q;
-    KvCacheDType kv;
-    double mean_bound;
-    double worst_bound;
-  };
   // Measured (mean, worst): fp8 KV 0.077, 0.66; fp8 0.173, 0.52; W4A8 0.305, 0.61; W4A8 + fp8 KV
   // 0.331, 0.68. As with the tiny Mixtral, small perturbations flip a random tiny MoE's experts.
-  for (const Case& c : {Case{Quantization::kNone, KvCacheDType::kFp8E4M3, 0.12, 0.9},
-                        Case{Quantization::kFp8, KvCacheDType::kBf16, 0.26, 0.9},
-                        Case{Quantization::kQuarkInt4Fp8Moe, KvCacheDType::kBf16, 0.46, 0.9},
-                        Case{Quantization::kQuarkInt4Fp8Moe, KvCacheDType::kFp8E4M3, 0.50, 0.9}}) {
-    auto l = load(c.q);
-    const Comparison got = compare(ref, full_logits(*l->model, ids, c.kv));
-    std::cout << quantization_name(c.q) << (c.kv == KvCacheDType::kFp8E4M3 ? " + fp8 kv" : "")
-              << ": relative L2 vs bf16 mean " << got.mean << ", worst " << got.worst
-              << "; argmax differs at " << got.argmax_diff << "/" << ids.size() << " positions\n";
-    EXPECT_LE(got.mean, c.mean_bound);
-    EXPECT_LE(got.worst, c.worst_bound);
-  }
+  test::expect_schemes_close_to_bf16(kModel, {{Quantization::kNone, KvCacheDType::kFp8E4M3, 0.12, 0.9},
+                                              {Quantization::kFp8, KvCacheDType::kBf16, 0.26, 0.9},
+                                              {Quantization::kQuarkInt4Fp8Moe, KvCacheDType::kBf16, 0.46, 0.9},
+                                              {Quantization::kQuarkInt4Fp8Moe, KvCacheDType::kFp8E4M3, 0.50, 0.9}});
 }
 
 // Undoing any one of Grok-1's differences from Mixtral moves the logits far from the reference

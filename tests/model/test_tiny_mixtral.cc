@@ -40,48 +40,20 @@ TEST(TinyMixtral, Bf16GreedyMatchesTransformers) {
   EXPECT_EQ(got, expected);
 }
 
-TEST(TinyMixtral, DecodeOneAtATimeEqualsOneForward) {
-  const std::vector<int32_t> ids = prompt_ids();
-  for (const Quantization q : {Quantization::kNone, Quantization::kQuarkInt4Fp8Moe}) {
-    auto l = load(q);
-    for (const KvCacheDType kv : {KvCacheDType::kBf16, KvCacheDType::kFp8E4M3}) {
-      const Tensor full = full_logits(*l->model, ids, kv);
-      // Prefill half of the prompt, then one token at a time.
-      const Comparison c = compare(full, test::stepwise_logits(*l->model, ids, kv));
-      EXPECT_LE(c.worst, 1e-4) << quantization_name(q);
-      EXPECT_EQ(c.argmax_diff, 0);
-    }
-  }
-}
+TEST(TinyMixtral, DecodeOneAtATimeEqualsOneForward) { test::expect_stepwise_equals_full(kModel); }
 
 // Quantized schemes against nibble's bf16 logits. The bounds are the errors measured on this
 // fixture (printed) with about 1.5x headroom on the mean; a regression in any scheme's numerics
 // (a wrong scale, packing or rounding) moves the mean error to order one.
 TEST(TinyMixtral, QuantizedSchemesStayCloseToBf16) {
-  const std::vector<int32_t> ids = prompt_ids();
-  auto bf16 = load(Quantization::kNone);
-  const Tensor ref = full_logits(*bf16->model, ids, KvCacheDType::kBf16);
-  struct Case {
-    Quantization q;
-    KvCacheDType kv;
-    double mean_bound;
-    double worst_bound;
-  };
   // Measured (mean, worst): fp8 KV 0.063, 0.45; fp8 0.168, 0.59; W4A8 0.282, 0.60; W4A8 + fp8 KV
   // 0.289, 0.60. A random tiny MoE is far more sensitive than a trained one: small perturbations
-  // flip its top-2 experts (the trained demo model measures accuracy instead).
-  for (const Case& c : {Case{Quantization::kNone, KvCacheDType::kFp8E4M3, 0.10, 0.7},
-                        Case{Quantization::kFp8, KvCacheDType::kBf16, 0.25, 0.9},
-                        Case{Quantization::kQuarkInt4Fp8Moe, KvCacheDType::kBf16, 0.42, 0.9},
-                        Case{Quantization::kQuarkInt4Fp8Moe, KvCacheDType::kFp8E4M3, 0.43, 0.9}}) {
-    auto l = load(c.q);
-    const Comparison got = compare(ref, full_logits(*l->model, ids, c.kv));
-    std::cout << quantization_name(c.q) << (c.kv == KvCacheDType::kFp8E4M3 ? " + fp8 kv" : "")
-              << ": relative L2 vs bf16 mean " << got.mean << ", worst " << got.worst
-              << "; argmax differs at " << got.argmax_diff << "/" << ids.size() << " positions\n";
-    EXPECT_LE(got.mean, c.mean_bound);
-    EXPECT_LE(got.worst, c.worst_bound);
-  }
+  // flip its top-2 experts (the trained demo model measures accuracy instead); a wrong scale, packing
+  // or rounding moves the mean error to order one.
+  test::expect_schemes_close_to_bf16(kModel, {{Quantization::kNone, KvCacheDType::kFp8E4M3, 0.10, 0.7},
+                                              {Quantization::kFp8, KvCacheDType::kBf16, 0.25, 0.9},
+                                              {Quantization::kQuarkInt4Fp8Moe, KvCacheDType::kBf16, 0.42, 0.9},
+                                              {Quantization::kQuarkInt4Fp8Moe, KvCacheDType::kFp8E4M3, 0.43, 0.9}});
 }
 
 TEST(TinyMixtral, MissingTensorIsNamed) {
