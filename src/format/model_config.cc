@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "format/json_brief.h"
 #include "format/quote.h"
 
 namespace nibble {
@@ -18,13 +19,6 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 constexpr const char* kSupportedModelTypes = "mixtral, grok-1";
-
-std::string brief(const json& value) {
-  constexpr std::size_t kMaxChars = 60;
-  std::string text = value.dump(-1, ' ', false, json::error_handler_t::replace);
-  if (text.size() > kMaxChars) text = text.substr(0, kMaxChars) + "...";
-  return printable(text);
-}
 
 // Reads the fields of one JSON object; every error names the source file and the field's path.
 class Fields {
@@ -53,7 +47,7 @@ class Fields {
     const bool fits = value.is_number_integer() &&
                       (!value.is_number_unsigned() || value.get<uint64_t>() <= INT64_MAX);
     if (!fits || value.get<int64_t>() <= 0)
-      fail_field(key, cat("must be a positive integer, got ", brief(value)));
+      fail_field(key, cat("must be a positive integer, got ", json_brief(value)));
     return value.get<int64_t>();
   }
 
@@ -65,7 +59,7 @@ class Fields {
     const json* value = find(key);
     if (value == nullptr) return fallback;
     if (!value->is_number() || !std::isfinite(value->get<double>()) || value->get<double>() <= 0)
-      fail_field(key, cat("must be a positive number, got ", brief(*value)));
+      fail_field(key, cat("must be a positive number, got ", json_brief(*value)));
     return value->get<double>();
   }
 
@@ -79,21 +73,21 @@ class Fields {
     const json* value = find(key);
     if (value == nullptr) return fallback;
     if (!value->is_number() || !std::isfinite(value->get<double>()) || value->get<double>() < 0)
-      fail_field(key, cat("must be a non-negative number, got ", brief(*value)));
+      fail_field(key, cat("must be a non-negative number, got ", json_brief(*value)));
     return value->get<double>();
   }
 
   std::optional<std::string> string(const char* key) const {
     const json* value = find(key);
     if (value == nullptr) return std::nullopt;
-    if (!value->is_string()) fail_field(key, cat("must be a string, got ", brief(*value)));
+    if (!value->is_string()) fail_field(key, cat("must be a string, got ", json_brief(*value)));
     return value->get<std::string>();
   }
 
   bool boolean_or(const char* key, bool fallback) const {
     const json* value = find(key);
     if (value == nullptr) return fallback;
-    if (!value->is_boolean()) fail_field(key, cat("must be true or false, got ", brief(*value)));
+    if (!value->is_boolean()) fail_field(key, cat("must be true or false, got ", json_brief(*value)));
     return value->get<bool>();
   }
 
@@ -104,7 +98,7 @@ class Fields {
                         : value.is_number_integer() && value.get<int64_t>() >= 0 &&
                               value.get<int64_t>() < vocab_size;
     if (!ok)
-      fail_field(key, cat("must be a token id in [0, ", vocab_size, "), got ", brief(value)));
+      fail_field(key, cat("must be a token id in [0, ", vocab_size, "), got ", json_brief(value)));
     return value.get<int64_t>();
   }
 
@@ -136,7 +130,7 @@ DType parse_dtype(const Fields& fields) {
 std::optional<double> parse_rope_block(const Fields& fields, const char* key) {
   const json* block = fields.find(key);
   if (block == nullptr) return std::nullopt;
-  if (!block->is_object()) fields.fail_field(key, cat("must be an object, got ", brief(*block)));
+  if (!block->is_object()) fields.fail_field(key, cat("must be an object, got ", json_brief(*block)));
   const Fields inner(*block, fields.source(), cat(key, "."));
   const char* type_key = block->contains("rope_type") ? "rope_type" : "type";
   const std::string type = inner.string(type_key).value_or("default");
@@ -244,7 +238,7 @@ ModelConfig parse_common(const Fields& fields, const char* experts_key, double d
   if (const json* quantization = fields.find("quantization_config")) {
     if (!quantization->is_object())
       fields.fail_field("quantization_config",
-                        cat("must be an object, got ", brief(*quantization)));
+                        cat("must be an object, got ", json_brief(*quantization)));
     config.quantization_config = *quantization;
   }
   check_sliding_window(fields, config);
@@ -310,10 +304,10 @@ bool names_grok1_class(const Fields& fields) {
   const json* classes = fields.find("architectures");
   if (classes == nullptr) return false;
   if (!classes->is_array())
-    fields.fail_field("architectures", cat("must be a list of strings, got ", brief(*classes)));
+    fields.fail_field("architectures", cat("must be a list of strings, got ", json_brief(*classes)));
   for (const json& name : *classes) {
     if (!name.is_string())
-      fields.fail_field("architectures", cat("must be a list of strings, got ", brief(*classes)));
+      fields.fail_field("architectures", cat("must be a list of strings, got ", json_brief(*classes)));
     if (name == "Grok1ModelForCausalLM" || name == "Grok1ForCausalLM") return true;
   }
   return false;

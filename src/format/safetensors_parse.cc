@@ -6,6 +6,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "format/json_brief.h"
 #include "format/quote.h"
 #include "format/safetensors_parse.h"
 
@@ -13,14 +14,6 @@ namespace nibble {
 namespace {
 
 using nlohmann::json;
-
-// A JSON value for an error message: printable, and short even if the value is not.
-std::string brief(const json& value) {
-  constexpr std::size_t kMaxChars = 60;
-  std::string text = value.dump(-1, ' ', false, json::error_handler_t::replace);
-  if (text.size() > kMaxChars) text = text.substr(0, kMaxChars) + "...";
-  return printable(text);
-}
 
 std::string supported_dtypes() {
   std::string names;
@@ -103,7 +96,7 @@ Shape parse_shape(const json& value, const std::string& where) {
       fail(where, "negative dimension ", dim.get<int64_t>(), " in \"shape\"");
     } else {
       fail(where, "\"shape\" must hold non-negative integers, got ",
-           dim.is_number() ? brief(dim) : std::string(dim.type_name()));
+           dim.is_number() ? json_brief(dim) : std::string(dim.type_name()));
     }
   }
   return shape;
@@ -113,7 +106,7 @@ std::pair<uint64_t, uint64_t> parse_offsets(const json& value, const std::string
   const bool ok = value.is_array() && value.size() == 2 && value[0].is_number_unsigned() &&
                   value[1].is_number_unsigned();
   check(ok, where, "\"data_offsets\" must be two non-negative integers [begin, end], got ",
-        value.is_array() ? brief(value) : std::string(value.type_name()));
+        value.is_array() ? json_brief(value) : std::string(value.type_name()));
   return {value[0].get<uint64_t>(), value[1].get<uint64_t>()};
 }
 

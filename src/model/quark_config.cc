@@ -2,19 +2,13 @@
 #include "model/quark_config.h"
 
 #include "core/error.h"
+#include "format/json_brief.h"
 #include "format/quote.h"
 
 namespace nibble {
 namespace {
 
 using nlohmann::json;
-
-std::string brief(const json& value) {
-  constexpr std::size_t kMaxChars = 60;
-  std::string text = value.dump(-1, ' ', false, json::error_handler_t::replace);
-  if (text.size() > kMaxChars) text = text.substr(0, kMaxChars) + "...";
-  return printable(text);
-}
 
 // Errors name the file and the field's path under quantization_config.
 struct Block {
@@ -40,7 +34,7 @@ struct Block {
         if (value->get<std::string>() == a) return value;
     std::string list;
     for (const char* a : allowed) list += cat(list.empty() ? "" : ", ", "\"", a, "\"");
-    fail_field(key, cat("is ", brief(*value), "; nibble supports ", list));
+    fail_field(key, cat("is ", json_brief(*value), "; nibble supports ", list));
   }
 
   ScaleScheme scheme(const char* key) const {
@@ -49,7 +43,7 @@ struct Block {
         value->is_object()) {  // {"dynamic": false, ...} (compressed-tensors style)
       const auto dynamic = value->find("dynamic");
       if (dynamic == value->end() || !dynamic->is_boolean())
-        fail_field(key, cat("is ", brief(*value), "; an object needs a boolean \"dynamic\""));
+        fail_field(key, cat("is ", json_brief(*value), "; an object needs a boolean \"dynamic\""));
       return dynamic->get<bool>() ? ScaleScheme::kDynamic : ScaleScheme::kStatic;
     }
     value = one_of(key, {"static", "dynamic"});
@@ -89,7 +83,7 @@ bool QuarkConfig::is_ignored(const std::string& layer) const {
 
 QuarkConfig parse_quark_config(const json& block, const std::string& source) {
   check(block.is_object(), source, ": \"quantization_config\" must be an object, got ",
-        brief(block));
+        json_brief(block));
   const Block b{.object = block, .source = source, .path = "quantization_config."};
   QuarkConfig config;
 
@@ -98,17 +92,17 @@ QuarkConfig parse_quark_config(const json& block, const std::string& source) {
   b.one_of("quant_method", {"fp8"});
   if (const json* size = b.find("weight_block_size"))
     b.fail_field("weight_block_size",
-                 cat("is ", brief(*size), "; block-wise FP8 weights are not supported"));
+                 cat("is ", json_brief(*size), "; block-wise FP8 weights are not supported"));
 
   config.expert_format = WeightFormat::kFp8;
   if (const json* int4 = b.find("int4_experts")) {
     if (!int4->is_object())
-      b.fail_field("int4_experts", cat("must be an object, got ", brief(*int4)));
+      b.fail_field("int4_experts", cat("must be an object, got ", json_brief(*int4)));
     const Block e{.object = *int4, .source = source, .path = "quantization_config.int4_experts."};
     if (const json* bits = e.find("bits"); bits != nullptr && *bits != 4)
-      e.fail_field("bits", cat("is ", brief(*bits), "; nibble supports 4"));
+      e.fail_field("bits", cat("is ", json_brief(*bits), "; nibble supports 4"));
     if (const json* sym = e.find("sym"); sym != nullptr && *sym != true)
-      e.fail_field("sym", cat("is ", brief(*sym), "; nibble supports symmetric INT4 (true)"));
+      e.fail_field("sym", cat("is ", json_brief(*sym), "; nibble supports symmetric INT4 (true)"));
     e.one_of("group", {"column"});
     config.expert_format = WeightFormat::kInt4;
   }
@@ -117,17 +111,17 @@ QuarkConfig parse_quark_config(const json& block, const std::string& source) {
 
   if (const json* exported = b.find("export")) {
     if (!exported->is_object())
-      b.fail_field("export", cat("must be an object, got ", brief(*exported)));
+      b.fail_field("export", cat("must be an object, got ", json_brief(*exported)));
     const Block e{.object = *exported, .source = source, .path = "quantization_config.export."};
     e.one_of("pack_method", {"reorder"});
     e.one_of("weight_format", {"real_quantized"});
   }
   if (const json* ignored = b.find("ignored_layers")) {
     if (!ignored->is_array())
-      b.fail_field("ignored_layers", cat("must be a list of names, got ", brief(*ignored)));
+      b.fail_field("ignored_layers", cat("must be a list of names, got ", json_brief(*ignored)));
     for (const json& name : *ignored) {
       if (!name.is_string())
-        b.fail_field("ignored_layers", cat("holds ", brief(name), ", not a name"));
+        b.fail_field("ignored_layers", cat("holds ", json_brief(name), ", not a name"));
       config.ignored_layers.push_back(name.get<std::string>());
     }
   }
