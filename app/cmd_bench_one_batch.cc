@@ -91,6 +91,20 @@ int64_t profiled_decode_step() {
   return env != nullptr && *env != '\0' ? std::atoll(env) : -1;
 }
 
+enum class ProfilerMark : uint8_t { kStart, kStop };
+
+// Nsight Compute's profiler range around the profiled step (CUDA builds; nothing elsewhere).
+void profiler_mark(ProfilerMark mark) {
+#ifdef NIBBLE_HAS_CUDA
+  if (mark == ProfilerMark::kStart)
+    cuda::profiler_start();
+  else
+    cuda::profiler_stop();
+#else
+  (void)mark;
+#endif
+}
+
 // One round: prefill in steps of at most `chunk` tokens (a sequence may span steps), then decode;
 // decode step `profile_step` (or none: -1) inside a profiler range.
 RunResult run_once(ModelRunner& runner, BlockManager& blocks,
@@ -129,12 +143,12 @@ RunResult run_once(ModelRunner& runner, BlockManager& blocks,
   for (int64_t t = 0; t + 1 < output_len; ++t) {  // decode
     std::vector<ScheduledSeq> step;
     for (Sequence& seq : seqs) step.push_back({&seq, 1, true});
-    if (t == profile_step) cuda::profiler_start();
+    if (t == profile_step) profiler_mark(ProfilerMark::kStart);
     const auto start = Clock::now();
     for (const ScheduledSeq& s : step) blocks.append_slots(*s.seq, 1);
     finish_step(step, runner.run(step));
     r.decode_latencies.push_back(seconds_since(start));
-    if (t == profile_step) cuda::profiler_stop();
+    if (t == profile_step) profiler_mark(ProfilerMark::kStop);
   }
   for (const Sequence& seq : seqs)
     r.outputs.emplace_back(seq.tokens().begin() + seq.num_prompt_tokens(), seq.tokens().end());
