@@ -21,6 +21,8 @@ import sys
 import tempfile
 import unittest
 
+from cli_checks import assert_fails_clearly
+
 NIBBLE = None
 MIXTRAL = pathlib.Path("tests/fixtures/tiny-mixtral")
 GROK = pathlib.Path("tests/fixtures/tiny-grok1")
@@ -172,11 +174,7 @@ class BenchOneBatch(unittest.TestCase):
         self.check_consistent(chunked, MIXTRAL, "none", "bf16", 3, 20, 6)
 
     def assertFailsClearly(self, r, *needles):
-        self.assertEqual(r.returncode, 1, r.stderr)
-        last = r.stderr.strip().splitlines()[-1]
-        self.assertTrue(last.startswith("nibble: error: "), r.stderr)
-        for needle in needles:
-            self.assertIn(needle, last)
+        assert_fails_clearly(self, r, *needles)
 
     def test_errors(self):
         base = ["bench-one-batch", "--model-path", MIXTRAL, "--batch-size", 2, "--output-len", 4]

@@ -16,6 +16,8 @@ import sys
 import tempfile
 import unittest
 
+from cli_checks import assert_fails_clearly, read_npy_f32
+
 NIBBLE = None
 MODEL = pathlib.Path("tests/fixtures/tiny-mixtral")
 REFERENCE = json.loads(pathlib.Path("tests/fixtures/tiny-mixtral-reference.json").read_text())
@@ -23,18 +25,6 @@ REFERENCE = json.loads(pathlib.Path("tests/fixtures/tiny-mixtral-reference.json"
 
 def run(*args):
     return subprocess.run([NIBBLE, *map(str, args)], capture_output=True, text=True, timeout=300)
-
-
-def read_npy_f32(path):
-    data = pathlib.Path(path).read_bytes()
-    assert data[:6] == b"\x93NUMPY", "not an npy file"
-    header_len = struct.unpack("<H", data[8:10])[0]
-    header = data[10:10 + header_len].decode()
-    assert "'<f4'" in header and "False" in header, header
-    shape = tuple(int(x) for x in header.split("(")[1].split(")")[0].split(",") if x.strip())
-    count = shape[0] * shape[1]
-    values = struct.unpack(f"<{count}f", data[10 + header_len:10 + header_len + 4 * count])
-    return [values[r * shape[1]:(r + 1) * shape[1]] for r in range(shape[0])]
 
 
 def read_reference_logits():
@@ -86,15 +76,7 @@ class BadInput(unittest.TestCase):
         self.tmp.cleanup()
 
     def assertFailsClearly(self, result, *needles):
-        self.assertEqual(result.returncode, 1, f"exit {result.returncode}\n{result.stderr}")
-        lines = [line for line in result.stderr.replace("\r", "\n").splitlines() if line.strip()]
-        errors = [line for line in lines if line.startswith("nibble: error: ")]
-        self.assertEqual(len(errors), 1, result.stderr)
-        self.assertEqual(lines[-1], errors[0], result.stderr)
-        for needle in needles:
-            self.assertIn(needle, errors[0])
-        for bad in ["Traceback", "terminate called", "Aborted", "Segmentation"]:
-            self.assertNotIn(bad, result.stderr)
+        assert_fails_clearly(self, result, *needles)
 
     def logits(self, *extra):
         return run("logits", "--model-path", self.model, "--ids", "1,2,3", "--out",

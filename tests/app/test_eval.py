@@ -13,11 +13,12 @@ import math
 import os
 import pathlib
 import re
-import struct
 import subprocess
 import sys
 import tempfile
 import unittest
+
+from cli_checks import assert_fails_clearly, read_npy_f32
 
 NIBBLE = None
 TINY = pathlib.Path("tests/fixtures/tiny-mixtral")
@@ -47,16 +48,6 @@ def eval_json(*args):
     lines = r.stdout.strip().splitlines()
     assert len(lines) == 1, r.stdout
     return json.loads(lines[0]), r.stderr
-
-
-def read_npy_f32(path):
-    data = pathlib.Path(path).read_bytes()
-    header_len = struct.unpack("<H", data[8:10])[0]
-    header = data[10:10 + header_len].decode()
-    assert "'<f4'" in header and "False" in header, header
-    rows, cols = (int(x) for x in header.split("(")[1].split(")")[0].split(",") if x.strip())
-    values = struct.unpack(f"<{rows * cols}f", data[10 + header_len:10 + header_len + 4 * rows * cols])
-    return [values[r * cols:(r + 1) * cols] for r in range(rows)]
 
 
 def reference_nll(ids, logits):
@@ -143,13 +134,7 @@ class Tiny(unittest.TestCase):
         self.assertGreater(again["correct"], 0)
 
     def assertFailsClearly(self, result, *needles):
-        self.assertEqual(result.returncode, 1, f"exit {result.returncode}\n{result.stderr}")
-        lines = [line for line in result.stderr.replace("\r", "\n").splitlines() if line.strip()]
-        errors = [line for line in lines if line.startswith("nibble: error: ")]
-        self.assertEqual(len(errors), 1, result.stderr)
-        self.assertEqual(lines[-1], errors[0], result.stderr)
-        for needle in needles:
-            self.assertIn(needle, errors[0])
+        assert_fails_clearly(self, result, *needles)
 
     def test_bad_input(self):
         ok = self.write_jsonl("ok.jsonl", [{"question": "Tom has 3 apples.", "answer": 3}])

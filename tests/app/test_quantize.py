@@ -19,7 +19,7 @@ import tempfile
 import unittest
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
-from test_cli import read_npy_f32  # noqa: E402
+from cli_checks import assert_fails_clearly, read_npy_f32  # noqa: E402
 
 NIBBLE = None
 MIXTRAL = pathlib.Path("tests/fixtures/tiny-mixtral")
@@ -159,12 +159,7 @@ class BadInput(unittest.TestCase):
         self.tmp.cleanup()
 
     def assertFailsClearly(self, result, *needles):
-        self.assertEqual(result.returncode, 1, f"exit {result.returncode}\n{result.stderr}")
-        lines = [line for line in result.stderr.replace("\r", "\n").splitlines() if line.strip()]
-        self.assertTrue(lines and lines[-1].startswith("nibble: error: "), result.stderr)
-        self.assertEqual(sum(line.startswith("nibble: error: ") for line in lines), 1, result.stderr)
-        for needle in needles:
-            self.assertIn(needle, lines[-1])
+        assert_fails_clearly(self, result, *needles)
 
     def quantize(self, model, out, *extra):
         return run("quantize", "--model-path", model, "--output", out, *extra)

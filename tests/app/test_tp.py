@@ -15,11 +15,12 @@ import json
 import math
 import os
 import pathlib
-import struct
 import subprocess
 import sys
 import tempfile
 import unittest
+
+from cli_checks import read_npy_f32
 
 NIBBLE = None
 FIXTURES = pathlib.Path("tests/fixtures")
@@ -27,17 +28,6 @@ FIXTURES = pathlib.Path("tests/fixtures")
 
 def run(*args):
     return subprocess.run([NIBBLE, *map(str, args)], capture_output=True, text=True, timeout=300)
-
-
-def read_npy_f32(path):
-    data = pathlib.Path(path).read_bytes()
-    assert data[:6] == b"\x93NUMPY", "not an npy file"
-    header_len = struct.unpack("<H", data[8:10])[0]
-    header = data[10:10 + header_len].decode()
-    assert "'<f4'" in header and "False" in header, header
-    shape = tuple(int(x) for x in header.split("(")[1].split(")")[0].split(",") if x.strip())
-    values = struct.unpack(f"<{shape[0] * shape[1]}f", data[10 + header_len:10 + header_len + 4 * shape[0] * shape[1]])
-    return [values[r * shape[1]:(r + 1) * shape[1]] for r in range(shape[0])]
 
 
 def rel_l2(ref, got):
