@@ -47,12 +47,6 @@ struct Reader {
   Tensor bf16(const std::string& name, const Shape& shape) { return ops.upload(bf16_host(name, shape)); }
 };
 
-// One (rows, cols) weight in `format`: the quantized codes and their per-row scales, on the CPU.
-struct Quantized {
-  Tensor weight;
-  Tensor scale;  // F32 (rows); undefined for BF16
-};
-
 Quantized quantize(const Tensor& w, WeightFormat format) {
   switch (format) {
     case WeightFormat::kBf16: {
@@ -163,20 +157,15 @@ ModelWeights load_weights(const Checkpoint& checkpoint, const ModelConfig& c,
 
     const std::string m = p + "block_sparse_moe.";
     MoeWeights moe{.router = r.bf16_host(m + "gate.weight", {E, H}), .experts = {}};
-    std::vector<Tensor> gate_up, gate_up_scale, down, down_scale;
+    ExpertStack experts(expert_format, H, I);
     for (int64_t e = 0; e < E; ++e) {
       const std::string x = cat(m, "experts.", e, ".");
-      Quantized w1 = quantize(r.get(x + "w1.weight", {I, H}), expert_format);
-      Quantized w3 = quantize(r.get(x + "w3.weight", {I, H}), expert_format);
-      Quantized w2 = quantize(r.get(x + "w2.weight", {H, I}), expert_format);
-      gate_up.push_back(concat_rows({w1.weight, w3.weight}));
-      down.push_back(w2.weight);
-      if (expert_format != WeightFormat::kBf16) {
-        gate_up_scale.push_back(concat_rows({w1.scale, w3.scale}));
-        down_scale.push_back(w2.scale);
-      }
+      const Quantized w1 = quantize(r.get(x + "w1.weight", {I, H}), expert_format);
+      const Quantized w3 = quantize(r.get(x + "w3.weight", {I, H}), expert_format);
+      const Quantized w2 = quantize(r.get(x + "w2.weight", {H, I}), expert_format);
+      experts.add(w1, w3, w2);
     }
-    moe.experts = stack_experts(expert_format, H, I, gate_up, gate_up_scale, down, down_scale);
+    moe.experts = experts.stack();
     layer.moe = ops.prepare_moe(moe);
     w.layers.push_back(std::move(layer));
   }

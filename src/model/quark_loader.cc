@@ -17,12 +17,6 @@
 namespace nibble {
 namespace {
 
-// One (rows, cols) weight as the forward pass takes it: codes and per-row scales, on the CPU.
-struct Quantized {
-  Tensor weight;
-  Tensor scale;  // F32 (rows); undefined for BF16
-};
-
 // A CPU copy with its own (aligned) memory: a tensor in a mapped shard may sit at any byte offset.
 Tensor owned_copy(const Tensor& t) {
   Tensor out = Tensor::zeros(t.dtype(), t.shape());
@@ -250,7 +244,7 @@ ModelWeights load_quark_weights(const Checkpoint& checkpoint, const ModelConfig&
     MoeWeights moe{.router = r.bf16_host(m + "gate.weight", {E, H}), .experts = {}};
     const std::string first = m + "experts.0.w1";
     const WeightFormat expert_format = r.format_of(first, quark.expert_format);
-    std::vector<Tensor> gate_up, gate_up_scale, down, down_scale;
+    ExpertStack experts(expert_format, H, I);
     for (int64_t e = 0; e < E; ++e) {
       const std::string x = cat(m, "experts.", e, ".");
       for (const char* name : {"w1", "w3", "w2"})
@@ -262,14 +256,9 @@ ModelWeights load_quark_weights(const Checkpoint& checkpoint, const ModelConfig&
       const Quantized w1 = r.weight(x + "w1", expert_format, I, H);
       const Quantized w3 = r.weight(x + "w3", expert_format, I, H);
       const Quantized w2 = r.weight(x + "w2", expert_format, H, I);
-      gate_up.push_back(concat_rows({w1.weight, w3.weight}));
-      down.push_back(w2.weight);
-      if (expert_format != WeightFormat::kBf16) {
-        gate_up_scale.push_back(concat_rows({w1.scale, w3.scale}));
-        down_scale.push_back(w2.scale);
-      }
+      experts.add(w1, w3, w2);
     }
-    moe.experts = stack_experts(expert_format, H, I, gate_up, gate_up_scale, down, down_scale);
+    moe.experts = experts.stack();
     layer.moe = ops.prepare_moe(moe);
     w.layers.push_back(std::move(layer));
   }

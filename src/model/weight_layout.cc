@@ -46,18 +46,26 @@ Tensor filled(int64_t n, float value) {
   return t;
 }
 
-Experts stack_experts(WeightFormat format, int64_t H, int64_t I, const std::vector<Tensor>& gate_up,
-                      const std::vector<Tensor>& gate_up_scale, const std::vector<Tensor>& down,
-                      const std::vector<Tensor>& down_scale) {
-  const auto E = static_cast<int64_t>(gate_up.size());
-  Experts ex{.format = format, .num_experts = E, .hidden_size = H, .intermediate_size = I,
-             .gate_up = concat_rows(gate_up).reshape({E, 2 * I, -1}),
+void ExpertStack::add(const Quantized& w1, const Quantized& w3, const Quantized& w2) {
+  gate_up_.push_back(concat_rows({w1.weight, w3.weight}));
+  down_.push_back(w2.weight);
+  if (format_ != WeightFormat::kBf16) {
+    gate_up_scale_.push_back(concat_rows({w1.scale, w3.scale}));
+    down_scale_.push_back(w2.scale);
+  }
+}
+
+Experts ExpertStack::stack() const {
+  const auto E = static_cast<int64_t>(gate_up_.size());
+  const int64_t H = hidden_size_, I = intermediate_size_;
+  Experts ex{.format = format_, .num_experts = E, .hidden_size = H, .intermediate_size = I,
+             .gate_up = concat_rows(gate_up_).reshape({E, 2 * I, -1}),
              .gate_up_scale = {},
-             .down = concat_rows(down).reshape({E, H, -1}),
+             .down = concat_rows(down_).reshape({E, H, -1}),
              .down_scale = {}};
-  if (format != WeightFormat::kBf16) {
-    ex.gate_up_scale = concat_rows(gate_up_scale).reshape({E, 2 * I});
-    ex.down_scale = concat_rows(down_scale).reshape({E, H});
+  if (format_ != WeightFormat::kBf16) {
+    ex.gate_up_scale = concat_rows(gate_up_scale_).reshape({E, 2 * I});
+    ex.down_scale = concat_rows(down_scale_).reshape({E, H});
   }
   return ex;
 }

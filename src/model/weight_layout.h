@@ -27,10 +27,27 @@ Tensor concat_rows(const std::vector<Tensor>& parts);
 // F32 (n) filled with `value` (a per-tensor scale repeated over the rows), on the CPU.
 Tensor filled(int64_t n, float value);
 
-// One layer's experts stacked from per-expert CPU parts: gate_up (2I, ·) and down (H, ·) in `format`,
-// with their F32 row scales (empty lists for kBf16).
-Experts stack_experts(WeightFormat format, int64_t hidden_size, int64_t intermediate_size,
-                      const std::vector<Tensor>& gate_up, const std::vector<Tensor>& gate_up_scale,
-                      const std::vector<Tensor>& down, const std::vector<Tensor>& down_scale);
+// One (rows, cols) weight as the forward pass takes it: codes in its format and per-row scales, on
+// the CPU.
+struct Quantized {
+  Tensor weight;
+  Tensor scale;  // F32 (rows); undefined for BF16
+};
+
+// One layer's experts, added one at a time as their w1, w3 (I, H) and w2 (H, I) in one format, then
+// stacked: gate_up (E, 2I, ·) = [w1; w3] of each expert and down (E, H, ·), with their F32 row scales
+// (none for kBf16).
+class ExpertStack {
+ public:
+  ExpertStack(WeightFormat format, int64_t hidden_size, int64_t intermediate_size)
+      : format_(format), hidden_size_(hidden_size), intermediate_size_(intermediate_size) {}
+  void add(const Quantized& w1, const Quantized& w3, const Quantized& w2);
+  Experts stack() const;
+
+ private:
+  WeightFormat format_;
+  int64_t hidden_size_, intermediate_size_;
+  std::vector<Tensor> gate_up_, gate_up_scale_, down_, down_scale_;
+};
 
 }  // namespace nibble
