@@ -1,6 +1,6 @@
 // The engine on the CPU backend and the tiny Mixtral: continuous batching, chunked prefill, prefix
-// sharing and preemption never change a greedy result (each request equals the same request served
-// alone by the single-sequence generator), and every KV block comes back.
+// sharing and preemption never change a greedy or seeded result (each request equals the same request
+// served alone by the single-sequence generator), and every KV block comes back.
 #include <gtest/gtest.h>
 
 #include <map>
@@ -27,6 +27,7 @@ class EngineTest : public ::testing::Test {
   struct Request {
     std::vector<int32_t> prompt;
     int64_t max_tokens;
+    SamplingParams sampling = {};  // greedy unless set
   };
 
   std::vector<Request> mixed_requests(int count, uint32_t seed) {
@@ -46,7 +47,7 @@ class EngineTest : public ::testing::Test {
   }
 
   std::vector<int32_t> alone(const Request& r) {
-    return generate(*model_, r.prompt, r.max_tokens, {}, KvCacheDType::kBf16, {});
+    return generate(*model_, r.prompt, r.max_tokens, r.sampling, KvCacheDType::kBf16, {});
   }
 
   // Serves all requests at once; returns each one's tokens.
@@ -54,7 +55,9 @@ class EngineTest : public ::testing::Test {
     Engine engine(*model_, config);
     std::map<int64_t, std::size_t> index;
     for (std::size_t i = 0; i < requests.size(); ++i)
-      index[engine.add_request(requests[i].prompt, {.max_tokens = requests[i].max_tokens, .ignore_eos = true})] = i;
+      index[engine.add_request(requests[i].prompt, {.sampling = requests[i].sampling,
+                                                    .max_tokens = requests[i].max_tokens,
+                                                    .ignore_eos = true})] = i;
     std::vector<std::vector<int32_t>> out(requests.size());
     int steps = 0;
     while (engine.has_unfinished()) {
@@ -77,6 +80,26 @@ TEST_F(EngineTest, BatchingDoesNotChangeGreedyResults) {
   const auto got = batched(requests, {.num_blocks = 256, .block_size = 4,
                                       .scheduler = {.max_running = 8, .max_batched_tokens = 48}});
   for (std::size_t i = 0; i < requests.size(); ++i) EXPECT_EQ(got[i], alone(requests[i])) << "request " << i;
+}
+
+// Seeded random sampling beside greedy requests: a step with a sampling sequence samples every row on
+// the host, an all-greedy step takes the argmax where the logits are (Ops::argmax); either way each
+// request equals itself served alone, and a seed reproduces its sample.
+TEST_F(EngineTest, SeededSamplingBesideGreedyMatchesServedAlone) {
+  auto requests = mixed_requests(12, 2);
+  for (std::size_t i = 1; i < requests.size(); i += 2)
+    requests[i].sampling = {.temperature = 0.8f, .top_p = 0.9f, .top_k = 0, .seed = 100 + i};
+  const auto got = batched(requests, {.num_blocks = 256, .block_size = 4,
+                                      .scheduler = {.max_running = 6, .max_batched_tokens = 48}});
+  for (std::size_t i = 0; i < requests.size(); ++i) EXPECT_EQ(got[i], alone(requests[i])) << "request " << i;
+  // The seeds matter: another seed gives another continuation for at least one request.
+  bool differs = false;
+  for (std::size_t i = 1; i < requests.size(); i += 2) {
+    Request other = requests[i];
+    other.sampling.seed += 1;
+    differs = differs || alone(other) != got[i];
+  }
+  EXPECT_TRUE(differs);
 }
 
 TEST_F(EngineTest, PreemptionByRecomputeKeepsResults) {
