@@ -33,6 +33,9 @@ constexpr int kCoreBytes = 128;     // a wgmma core matrix: 8 rows × 16 bytes
 // 4 stages ahead cost 10-16% at 1-32 tokens, and 6 units per SM beat 12 and 24.
 constexpr int kPrefetchStages = 0;
 constexpr int kUnitsPerSm = 6;
+// Timing experiments (bench/RESULTS.md): NIBBLE_MOE_LEAVE_OUT=1 leaves out the consumers' math, 2 the
+// activation copies, 3 the weight copies (wrong results; the time of what remains).
+enum LeaveOut : int { kNothing = 0, kMath = 1, kActivations = 2, kWeights = 3 };
 
 int env_or(const char* name, int fallback) {
   const char* v = std::getenv(name);
@@ -178,20 +181,21 @@ __global__ void __launch_bounds__(kThreads, (Tile<kTokenTiles, kFp8>::kMinBlocks
       const int first = load.kb_begin + load.stage * kBlocksPerStage;
       const int nkb = min(kBlocksPerStage, load.kb_begin + load.kb_count - first);
       if (lane == 0) {  // the weights: one bulk copy a consumer warp's tile
-        const int valid_tiles = min(kWarps, tiles - load.group * kWarps);
+        const int valid_tiles = p.leave_out == kWeights ? 0 : min(kWarps, tiles - load.group * kWarps);
         const auto bytes = static_cast<uint32_t>(nkb * T::kWarpBlockBytes);
         ptx::mbarrier_arrive_expect_tx(&sm.full[slot], bytes * valid_tiles);
         for (int w = 0; w < valid_tiles; ++w)
           ptx::bulk_copy_to_shared(sm.weights[slot][w], weights_at(load, load.group * kWarps + w, first), bytes,
                                    &sm.full[slot]);
       }
+      // Every K block of the stage is written: zeros past the split's end and the expert's rows.
 #pragma unroll
       for (int b = 0; b < kBlocksPerStage; ++b)
 #pragma unroll
-        for (int i = 0; i < T::kPairsPerLane; ++i)
-          if (b < nkb)
-            ptx::cp_async_16(&sm.act[slot][b][act_dst[i]],
-                             act_src[i] ? act_src[i] + (first + b) * kGemmKBlock : p.act, act_src[i] != nullptr);
+        for (int i = 0; i < T::kPairsPerLane; ++i) {
+          const bool copy = b < nkb && act_src[i] != nullptr && p.leave_out != kActivations;
+          ptx::cp_async_16(&sm.act[slot][b][act_dst[i]], copy ? act_src[i] + (first + b) * kGemmKBlock : p.act, copy);
+        }
       ptx::cp_async_mbarrier_arrive(&sm.full[slot]);
       walk.advance(load, p);
       if (prefetch > 0 && walk.valid(ahead)) prefetch_next();
@@ -210,7 +214,14 @@ __global__ void __launch_bounds__(kThreads, (Tile<kTokenTiles, kFp8>::kMinBlocks
 
     const int first = compute.kb_begin + compute.stage * kBlocksPerStage;
     const int nkb = min(kBlocksPerStage, compute.kb_begin + compute.kb_count - first);
-    // Two halves of two K blocks (128 K each), each summed by the tensor cores, then promoted.
+    if (p.leave_out == kMath) {
+      if (lane == 0) ptx::mbarrier_arrive(&sm.empty[slot]);
+      walk.advance(compute, p);
+      continue;
+    }
+    // Two halves of two K blocks (128 K each), each summed by the tensor cores, then promoted. Every
+    // wgmma is issued (a branch around one makes ptxas serialize them all); a K block past the split's
+    // end has zero weights here and zero activations from the producer.
     float d[2][kAcc];
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
@@ -218,29 +229,28 @@ __global__ void __launch_bounds__(kThreads, (Tile<kTokenTiles, kFp8>::kMinBlocks
 #pragma unroll
       for (int bb = 0; bb < 2; ++bb) {
         const int b = half * 2 + bb;
+        const uint32_t live = b < nkb ? 0xFFFFFFFFu : 0u;
         if constexpr (kFp8) {  // the two K steps' A fragments, as stored
           const uint4 lo = sm.weights[slot][warp][b][2 * lane], hi = sm.weights[slot][warp][b][2 * lane + 1];
-          a[bb][0][0] = lo.x, a[bb][0][1] = lo.y, a[bb][0][2] = lo.z, a[bb][0][3] = lo.w;
-          a[bb][1][0] = hi.x, a[bb][1][1] = hi.y, a[bb][1][2] = hi.z, a[bb][1][3] = hi.w;
+          a[bb][0][0] = lo.x & live, a[bb][0][1] = lo.y & live, a[bb][0][2] = lo.z & live, a[bb][0][3] = lo.w & live;
+          a[bb][1][0] = hi.x & live, a[bb][1][1] = hi.y & live, a[bb][1][2] = hi.z & live, a[bb][1][3] = hi.w & live;
         } else {
           // Each nibble u becomes the FP8 byte u, worth u · 2^-9: low nibbles are rows g, high g + 8.
+          const uint32_t m = 0x0F0F0F0Fu & live;
           const uint4 w = sm.weights[slot][warp][b][lane];
-          a[bb][0][0] = w.x & 0x0F0F0F0Fu, a[bb][0][1] = (w.x >> 4) & 0x0F0F0F0Fu;
-          a[bb][0][2] = w.y & 0x0F0F0F0Fu, a[bb][0][3] = (w.y >> 4) & 0x0F0F0F0Fu;
-          a[bb][1][0] = w.z & 0x0F0F0F0Fu, a[bb][1][1] = (w.z >> 4) & 0x0F0F0F0Fu;
-          a[bb][1][2] = w.w & 0x0F0F0F0Fu, a[bb][1][3] = (w.w >> 4) & 0x0F0F0F0Fu;
+          a[bb][0][0] = w.x & m, a[bb][0][1] = (w.x >> 4) & m;
+          a[bb][0][2] = w.y & m, a[bb][0][3] = (w.y >> 4) & m;
+          a[bb][1][0] = w.z & m, a[bb][1][1] = (w.z >> 4) & m;
+          a[bb][1][2] = w.w & m, a[bb][1][3] = (w.w >> 4) & m;
         }
       }
       wgmma::fence();
 #pragma unroll
       for (int bb = 0; bb < 2; ++bb) {
-        const int b = half * 2 + bb;
-        if (b < nkb) {
-          const uint8_t* act = sm.act[slot][b];
-          wgmma::WgmmaE4m3<kRows>::mma(d[half], a[bb][0], wgmma::descriptor(act, kCoreBytes, 4 * kCoreBytes), bb);
-          wgmma::WgmmaE4m3<kRows>::mma(d[half], a[bb][1],
-                                       wgmma::descriptor(act + 2 * kCoreBytes, kCoreBytes, 4 * kCoreBytes), 1);
-        }
+        const uint8_t* act = sm.act[slot][half * 2 + bb];
+        wgmma::WgmmaE4m3<kRows>::mma(d[half], a[bb][0], wgmma::descriptor(act, kCoreBytes, 4 * kCoreBytes), bb);
+        wgmma::WgmmaE4m3<kRows>::mma(d[half], a[bb][1],
+                                     wgmma::descriptor(act + 2 * kCoreBytes, kCoreBytes, 4 * kCoreBytes), 1);
       }
       wgmma::commit();
     }
@@ -249,9 +259,8 @@ __global__ void __launch_bounds__(kThreads, (Tile<kTokenTiles, kFp8>::kMinBlocks
     for (int j = 0; j < kAcc; ++j) acc[j] += d[0][j];
     wgmma::wait<0>();
     if (lane == 0) ptx::mbarrier_arrive(&sm.empty[slot]);  // this warp is done reading the slot
-    if (nkb > 2)
 #pragma unroll
-      for (int j = 0; j < kAcc; ++j) acc[j] += d[1][j];
+    for (int j = 0; j < kAcc; ++j) acc[j] += d[1][j];
 
     if (compute.stage == compute.stages - 1) {  // the chunk's last stage: write its rows out
       // Each row's Σ a over this split's K blocks (INT4's offset correction) and its scale.
@@ -294,26 +303,43 @@ __global__ void __launch_bounds__(kThreads, (Tile<kTokenTiles, kFp8>::kMinBlocks
   }
 }
 
+// Blocks of the <kTokenTiles, kFp8> kernel an SM holds at once.
 template <int kTokenTiles, bool kFp8>
-void launch(const GemmW4A8Args& p, cudaStream_t stream) {
-  constexpr int kSmem = sizeof(GemmSmem<kTokenTiles, kFp8>);
-  auto* kernel = moe_gemm_w4a8_kernel<kTokenTiles, kFp8>;
-  allow_dynamic_smem(reinterpret_cast<const void*>(kernel), kSmem);
-  static const int resident = [&] {  // blocks an SM holds at once
+int resident_blocks() {
+  static const int resident = [] {
+    constexpr int kSmem = sizeof(GemmSmem<kTokenTiles, kFp8>);
+    auto* kernel = moe_gemm_w4a8_kernel<kTokenTiles, kFp8>;
+    allow_dynamic_smem(reinterpret_cast<const void*>(kernel), kSmem);
     int blocks = 0;
     cuda_check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kThreads, kSmem));
     return std::max(blocks, 1);
   }();
-  // The grid divides the units as evenly as it can: every block walks the same number of units (but
-  // for the last), even if that leaves a few SM slots empty.
+  return resident;
+}
+
+// The grid that divides `units` as evenly as it can: every block walks the same number of units (but
+// for the last), even if that leaves a few SM slots empty.
+struct Grid {
+  int64_t blocks, per_block;
+};
+Grid grid_for(int64_t units, int64_t slots) {
+  const int64_t per_block = (units + slots - 1) / slots;
+  return {(units + per_block - 1) / per_block, per_block};
+}
+
+template <int kTokenTiles, bool kFp8>
+void launch(const GemmW4A8Args& p, cudaStream_t stream) {
+  constexpr int kSmem = sizeof(GemmSmem<kTokenTiles, kFp8>);
+  auto* kernel = moe_gemm_w4a8_kernel<kTokenTiles, kFp8>;
+  const int resident = resident_blocks<kTokenTiles, kFp8>();
   const int64_t groups = (p.n / 16 + kWarps - 1) / kWarps;
   const int64_t units = p.expert_slots * groups * p.splits;
-  const int64_t slots = static_cast<int64_t>(multiprocessor_count()) * resident;
-  const int64_t per_block = (units + slots - 1) / slots;
-  const auto grid = static_cast<unsigned>((units + per_block - 1) / per_block);
+  const auto grid = static_cast<unsigned>(grid_for(units, int64_t{multiprocessor_count()} * resident).blocks);
   static const int prefetch_stages = env_or("NIBBLE_MOE_PREFETCH_STAGES", kPrefetchStages);
+  static const int leave_out = env_or("NIBBLE_MOE_LEAVE_OUT", kNothing);
   GemmW4A8Args args = p;
   args.prefetch_stages = prefetch_stages;
+  args.leave_out = leave_out;
   kernel<<<grid, kThreads, kSmem, stream>>>(args);
   cuda_check(cudaGetLastError());
 }
@@ -328,14 +354,37 @@ int token_tiles_for(int64_t rows, int64_t expert_slots) {
 }  // namespace
 
 int64_t choose_k_splits(int64_t n, int64_t k, int64_t expert_slots, int64_t rows, int num_sms) {
-  (void)rows;
   const int64_t kblocks = k / kGemmKBlock;
   const int64_t pairs = expert_slots * ((n / 16 + kWarps - 1) / kWarps);  // (expert, 64 channels)
   static const int units_per_sm = env_or("NIBBLE_MOE_UNITS_PER_SM", kUnitsPerSm);
+  const int64_t most = std::max<int64_t>(1, kblocks / kBlocksPerStage);
+  auto no_empty_split = [&](int64_t splits) {
+    const int64_t per_split = (kblocks + splits - 1) / splits;
+    return (kblocks + per_split - 1) / per_split;
+  };
   const int64_t target = static_cast<int64_t>(num_sms) * units_per_sm;
-  int64_t splits = std::clamp<int64_t>((target + pairs - 1) / pairs, 1, std::max<int64_t>(1, kblocks / kBlocksPerStage));
-  const int64_t per_split = (kblocks + splits - 1) / splits;
-  return (kblocks + per_split - 1) / per_split;  // no empty split
+  const int64_t by_target = no_empty_split(std::clamp<int64_t>((target + pairs - 1) / pairs, 1, most));
+  static const bool balance = env_or("NIBBLE_MOE_BALANCE", 1) != 0;
+  if (!balance) return by_target;
+  // Among the splits up to twice the target's, the one whose busiest SM has the least work: blocks
+  // land on SMs evenly (all are resident at once), so an SM walks ceil(grid / SMs) blocks' units.
+  const int tiles = token_tiles_for(rows, expert_slots);
+  const int64_t resident = tiles == 1   ? resident_blocks<1, false>()
+                           : tiles == 2 ? resident_blocks<2, false>()
+                           : tiles == 4 ? resident_blocks<4, false>()
+                                        : resident_blocks<8, false>();
+  int64_t best = by_target;
+  double best_load = 0.0;
+  for (int64_t splits = 1; splits <= std::min(most, 2 * by_target); ++splits) {
+    if (no_empty_split(splits) != splits) continue;
+    const Grid grid = grid_for(pairs * splits, resident * num_sms);
+    // The busiest SM's units, in whole-problem units (a split unit is 1/splits of one), with 1% a
+    // split for the partial sums it writes and the combine reads.
+    const double load = static_cast<double>((grid.blocks + num_sms - 1) / num_sms * grid.per_block) / splits *
+                        (1.0 + 0.01 * splits);
+    if (splits == 1 || load < best_load) best = splits, best_load = load;
+  }
+  return best;
 }
 
 void moe_gemm_w4a8(const GemmW4A8Args& p, cudaStream_t stream) {
