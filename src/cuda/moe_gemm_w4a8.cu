@@ -33,9 +33,9 @@ constexpr int kCoreBytes = 128;     // a wgmma core matrix: 8 rows × 16 bytes
 // 4 stages ahead cost 10-16% at 1-32 tokens, and 6 units per SM beat 12 and 24.
 constexpr int kPrefetchStages = 0;
 constexpr int kUnitsPerSm = 6;
-// Timing experiments (bench/RESULTS.md): NIBBLE_MOE_LEAVE_OUT=1 leaves out the consumers' math, 2 the
-// activation copies, 3 the weight copies (wrong results; the time of what remains).
-enum LeaveOut : int { kNothing = 0, kMath = 1, kActivations = 2, kWeights = 3 };
+// Timing experiments (bench/RESULTS.md): NIBBLE_MOE_LEAVE_OUT is a sum of what is left out: 1 the
+// consumers' math, 2 the activation copies, 4 the weight copies (wrong results; the time of the rest).
+enum LeaveOut : int { kNothing = 0, kMath = 1, kActivations = 2, kWeights = 4 };
 
 int env_or(const char* name, int fallback) {
   const char* v = std::getenv(name);
@@ -181,7 +181,7 @@ __global__ void __launch_bounds__(kThreads, (Tile<kTokenTiles, kFp8>::kMinBlocks
       const int first = load.kb_begin + load.stage * kBlocksPerStage;
       const int nkb = min(kBlocksPerStage, load.kb_begin + load.kb_count - first);
       if (lane == 0) {  // the weights: one bulk copy a consumer warp's tile
-        const int valid_tiles = p.leave_out == kWeights ? 0 : min(kWarps, tiles - load.group * kWarps);
+        const int valid_tiles = (p.leave_out & kWeights) ? 0 : min(kWarps, tiles - load.group * kWarps);
         const auto bytes = static_cast<uint32_t>(nkb * T::kWarpBlockBytes);
         ptx::mbarrier_arrive_expect_tx(&sm.full[slot], bytes * valid_tiles);
         for (int w = 0; w < valid_tiles; ++w)
@@ -193,7 +193,7 @@ __global__ void __launch_bounds__(kThreads, (Tile<kTokenTiles, kFp8>::kMinBlocks
       for (int b = 0; b < kBlocksPerStage; ++b)
 #pragma unroll
         for (int i = 0; i < T::kPairsPerLane; ++i) {
-          const bool copy = b < nkb && act_src[i] != nullptr && p.leave_out != kActivations;
+          const bool copy = b < nkb && act_src[i] != nullptr && !(p.leave_out & kActivations);
           ptx::cp_async_16(&sm.act[slot][b][act_dst[i]], copy ? act_src[i] + (first + b) * kGemmKBlock : p.act, copy);
         }
       ptx::cp_async_mbarrier_arrive(&sm.full[slot]);
@@ -214,7 +214,7 @@ __global__ void __launch_bounds__(kThreads, (Tile<kTokenTiles, kFp8>::kMinBlocks
 
     const int first = compute.kb_begin + compute.stage * kBlocksPerStage;
     const int nkb = min(kBlocksPerStage, compute.kb_begin + compute.kb_count - first);
-    if (p.leave_out == kMath) {
+    if (p.leave_out & kMath) {
       if (lane == 0) ptx::mbarrier_arrive(&sm.empty[slot]);
       walk.advance(compute, p);
       continue;

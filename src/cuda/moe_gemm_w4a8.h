@@ -55,8 +55,8 @@ struct GemmW4A8Args {
   int64_t expert_slots;         // grid size over experts: min(E, T·K)
   int64_t splits;               // K splits; each covers a multiple of 64
   int prefetch_stages = 0;      // set by the launch: L2 prefetch distance past the pipeline, in stages
-  int leave_out = 0;            // set by the launch (timing experiments only): 0 nothing, 1 the tensor-core
-                                // math, 2 the activation copies, 3 the weight copies
+  int leave_out = 0;            // set by the launch (timing experiments only): a sum of 1 the tensor-core
+                                // math, 2 the activation copies, 4 the weight copies
 };
 
 // Picks the K split for a problem so that the GPU is full; `rows` is T·K (routed pairs).
