@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <string_view>
 #include <thread>
 
 #include "cuda/cuda_check.h"
@@ -18,15 +19,23 @@ void nccl_check(ncclResult_t status, const char* what) {
 
 }  // namespace
 
-NcclGroup::NcclGroup(int size) : size_(size) {
+SmallSums small_sums_from_environment() {
+  const char* value = std::getenv("NIBBLE_P2P_ALLREDUCE");
+  return value != nullptr && std::string_view(value) == "0" ? SmallSums::kNccl
+                                                            : SmallSums::kPeerToPeer;
+}
+
+NcclGroup::NcclGroup(int size, SmallSums small_sums) : size_(size) {
   check(size >= 1, "NCCL: group size ", size, " must be at least 1");
   setenv("NCCL_NVLS_ENABLE", "0", 1);  // never NVLink multicast
   nccl_check(ncclGetUniqueId(&id_), "ncclGetUniqueId");
   for (int r = 0; r < size; ++r) slots_.push_back(std::make_unique<Slot>());
+  if (small_sums == SmallSums::kPeerToPeer && size > 1) p2p_ = std::make_shared<P2pGroup>(size);
 }
 
 void NcclGroup::abort() {
   aborted_ = true;
+  if (p2p_) p2p_->abort();  // first: peer-to-peer kernels waiting for a failed rank return
   for (auto& slot : slots_) {
     std::lock_guard lock(slot->mutex);
     if (slot->comm != nullptr) (void)ncclCommAbort(slot->comm);
@@ -50,6 +59,8 @@ NcclCommunicator::NcclCommunicator(std::shared_ptr<NcclGroup> group, int rank, c
       nccl_check(status, "ncclCommInitRankConfig");
     }
     wait_ready("ncclCommInitRankConfig");
+    // With the other ranks (each waits for all to publish their buffers).
+    if (group_->p2p_) p2p_ = std::make_unique<P2pAllReduce>(group_->p2p_, rank);
   } catch (...) {
     group_->abort();
     throw;
@@ -120,6 +131,11 @@ void NcclCommunicator::all_reduce(Tensor& x, ncclRedOp_t op) {
 void NcclCommunicator::all_reduce_sum(Tensor& x) {
   check(x.device() == Device::kCuda && (x.dtype() == DType::kBF16 || x.dtype() == DType::kF32),
         "NCCL all_reduce_sum: ", x.describe(), " is not a BF16 or F32 device tensor");
+  if (group_->size() > 1 && p2p_ != nullptr && p2p_->fits(x)) {  // the same choice on every rank
+    check(!group_->aborted(), "tensor parallel: another rank failed");
+    p2p_->sum(x, stream_);
+    return;
+  }
   all_reduce(x, ncclSum);
 }
 

@@ -1,10 +1,13 @@
 // The tensor-parallel collectives over NCCL: one communicator per rank, one rank per GPU, the sums
 // and maxima queued on the rank's compute stream (so CUDA graphs capture them with the ops around
 // them). The communicators are non-blocking: initialization and the first collectives (which
-// connect the ranks) poll instead of waiting, so a group whose rank failed ends with an error, never
-// a hang; NcclGroup::abort aborts every rank's communicator (also the kernels of a rank stuck in a
-// collective its failed peer never joined). NVLink multicast (NVLS) is switched off before init:
-// no multicast objects are ever created. Built only where CMake finds NCCL (target nibble_nccl).
+// connect the ranks) poll instead of waiting, so a group whose rank failed ends with an error,
+// never a hang; NcclGroup::abort aborts every rank's communicator (also the kernels of a rank stuck
+// in a collective its failed peer never joined). NVLink multicast (NVLS) is switched off before
+// init: no multicast objects are ever created. Sums of at most kP2pMaxBytes go through the
+// peer-to-peer all-reduce (p2p_all_reduce.h) where every pair of GPUs can access each other, unless
+// NIBBLE_P2P_ALLREDUCE=0 (NCCL for every collective: for A/B timing). Built only where CMake finds
+// NCCL (target nibble_nccl).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -15,20 +18,28 @@
 #include <mutex>
 #include <vector>
 
+#include "cuda/p2p_all_reduce.h"
 #include "model/communicator.h"
 
 namespace nibble::cuda {
+
+// Who sums small messages: the peer-to-peer all-reduce (where the GPUs allow it) or NCCL.
+enum class SmallSums { kPeerToPeer, kNccl };
+// kNccl when NIBBLE_P2P_ALLREDUCE=0, else kPeerToPeer.
+SmallSums small_sums_from_environment();
 
 // The ranks of one process that form one NCCL group: the id rank 0 made, and each rank's
 // communicator once it joined, so that any rank can abort all of them.
 class NcclGroup {
  public:
-  explicit NcclGroup(int size);  // a fresh id; sets NCCL_NVLS_ENABLE=0 (call before any rank joins)
+  // A fresh id; sets NCCL_NVLS_ENABLE=0 (call before any rank joins).
+  explicit NcclGroup(int size, SmallSums small_sums = small_sums_from_environment());
   int size() const { return size_; }
   const ncclUniqueId& id() const { return id_; }
   bool aborted() const { return aborted_.load(); }
-  // Every rank's communicator is aborted (pending collectives on the devices end); rank threads
-  // waiting in init or in a collective fail with "another rank failed". Safe from any thread.
+  // Every rank's communicator is aborted (pending collectives on the devices end, peer-to-peer ones
+  // included); rank threads waiting in init or in a collective fail with "another rank failed".
+  // Safe from any thread.
   void abort();
 
  private:
@@ -41,6 +52,7 @@ class NcclGroup {
   ncclUniqueId id_{};
   std::atomic<bool> aborted_{false};
   std::vector<std::unique_ptr<Slot>> slots_;
+  std::shared_ptr<P2pGroup> p2p_;  // null: NCCL sums everything
 };
 
 class NcclCommunicator final : public Communicator {
@@ -59,6 +71,8 @@ class NcclCommunicator final : public Communicator {
   void all_reduce_sum(Tensor& x) override;  // BF16 or F32 on this rank's device
   void all_reduce_max(Tensor& x) override;  // F32 on this rank's device
   void abort() override { group_->abort(); }
+  // Whether sums of at most kP2pMaxBytes go peer to peer (asked for, and the GPUs allow it).
+  bool peer_to_peer_sums() const { return p2p_ != nullptr && p2p_->enabled(); }
 
  private:
   void all_reduce(Tensor& x, ncclRedOp_t op);
@@ -69,6 +83,7 @@ class NcclCommunicator final : public Communicator {
   std::shared_ptr<NcclGroup> group_;
   int rank_;
   cudaStream_t stream_;
+  std::unique_ptr<P2pAllReduce> p2p_;
 };
 
 }  // namespace nibble::cuda

@@ -2,8 +2,9 @@
 // persistent thread (which selects device r once and keeps it: its compute stream is per thread),
 // with its own CudaOps, weights made on its device, and an NCCL communicator; rank 0 runs on the
 // calling thread on device 0. Decode steps are recorded as one CUDA graph per rank (each with its
-// NCCL all-reduces; before each replay the peers copy the step's inputs from rank 0's, peer to
-// peer). Built with nibble_nccl (where CMake finds NCCL).
+// all-reduces: peer to peer for small sums, NCCL for the rest, nccl_communicator.h; before each
+// replay the peers copy the step's inputs from rank 0's, peer to peer). Built with nibble_nccl
+// (where CMake finds NCCL).
 #pragma once
 
 #include <functional>

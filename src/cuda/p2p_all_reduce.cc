@@ -1,0 +1,144 @@
+// P2pGroup and P2pAllReduce: each rank's device buffer, the exchange of the buffers' addresses
+// between the rank threads (one process, unified addressing), peer access, the abort flag, and the
+// launch parameters of every call. The kernel is in p2p_all_reduce.cu.
+#include "cuda/p2p_all_reduce.h"
+
+#include <algorithm>
+#include <cstdint>
+
+#include "cuda/cuda_check.h"
+
+namespace nibble::cuda {
+namespace {
+
+// A rank's buffer: [2][kP2pMaxBytes] staging | [kP2pMaxRanks][kP2pMaxBlocks] flags |
+// [kP2pMaxBlocks] epochs, all zero at first (flags and epochs are uint64).
+constexpr std::size_t kFlagsOffset = 2 * kP2pMaxBytes;
+constexpr std::size_t kEpochsOffset =
+    kFlagsOffset + sizeof(uint64_t) * kP2pMaxRanks * kP2pMaxBlocks;
+constexpr std::size_t kBufferBytes = kEpochsOffset + sizeof(uint64_t) * kP2pMaxBlocks;
+
+}  // namespace
+
+P2pGroup::P2pGroup(int size) : size_(size), ranks_(static_cast<std::size_t>(size)) {
+  check(size >= 1, "peer-to-peer all-reduce: group size ", size, " must be at least 1");
+}
+
+P2pGroup::~P2pGroup() {
+  int current = -1;
+  const bool has_current = cudaGetDevice(&current) == cudaSuccess;
+  for (const Rank& r : ranks_)
+    if (r.buffer != nullptr && cudaSetDevice(r.device) == cudaSuccess)
+      (void)cudaDeviceSynchronize();
+  for (const Rank& r : ranks_)
+    if (r.buffer != nullptr && cudaSetDevice(r.device) == cudaSuccess) (void)cudaFree(r.buffer);
+  if (abort_flag_ != nullptr) (void)cudaFreeHost(const_cast<int*>(abort_flag_));
+  if (has_current) (void)cudaSetDevice(current);
+  (void)cudaGetLastError();  // a failed group's errors stay with it
+}
+
+void P2pGroup::abort() {
+  std::lock_guard lock(mutex_);
+  aborted_ = true;
+  if (abort_flag_ != nullptr) *abort_flag_ = 1;
+  published_cv_.notify_all();
+}
+
+volatile int* P2pGroup::abort_flag() {
+  std::lock_guard lock(mutex_);
+  if (abort_flag_ == nullptr) {
+    void* host = nullptr;
+    cuda_check(cudaHostAlloc(&host, sizeof(int), cudaHostAllocMapped | cudaHostAllocPortable));
+    abort_flag_ = static_cast<volatile int*>(host);
+    *abort_flag_ = aborted_ ? 1 : 0;
+  }
+  return abort_flag_;
+}
+
+std::vector<P2pGroup::Rank> P2pGroup::publish(int rank, const Rank& mine) {
+  std::unique_lock lock(mutex_);
+  ranks_[static_cast<std::size_t>(rank)] = mine;
+  ++published_;
+  published_cv_.notify_all();
+  published_cv_.wait(lock, [&] { return published_ == size_ || aborted_; });
+  check(!aborted_, "tensor parallel: another rank failed");
+  return ranks_;
+}
+
+P2pAllReduce::P2pAllReduce(std::shared_ptr<P2pGroup> group, int rank) : group_(std::move(group)) {
+  const int n = group_->size();
+  check(rank >= 0 && rank < n, "peer-to-peer all-reduce: rank ", rank, " outside [0, ", n, ")");
+  P2pGroup::Rank mine;
+  cuda_check(cudaGetDevice(&mine.device));
+  cuda_check(
+      cudaDeviceGetAttribute(&mine.multiprocessors, cudaDevAttrMultiProcessorCount, mine.device));
+  void* buffer = nullptr;
+  cuda_check(cudaMalloc(&buffer, kBufferBytes));
+  mine.buffer = static_cast<std::byte*>(buffer);
+  // Zero before any peer can write its first flag here: the peers start only after publish().
+  const cudaError_t zeroed = cudaMemset(buffer, 0, kBufferBytes);
+  const cudaError_t synced = cudaDeviceSynchronize();
+  if (zeroed != cudaSuccess || synced != cudaSuccess) {
+    (void)cudaFree(buffer);
+    cuda_check(zeroed != cudaSuccess ? zeroed : synced);
+  }
+  volatile int* abort_flag = nullptr;
+  try {
+    abort_flag = group_->abort_flag();
+  } catch (...) {
+    (void)cudaFree(buffer);
+    throw;
+  }
+  const std::vector<P2pGroup::Rank> ranks =
+      group_->publish(rank, mine);  // the group frees the buffer now
+
+  // Every rank decides alike from the same devices: each pair must reach the other directly.
+  bool reachable = n <= kP2pMaxRanks;
+  for (int i = 0; i < n && reachable; ++i)
+    for (int j = 0; j < n && reachable; ++j) {
+      if (i == j) continue;
+      int access = 0;
+      cuda_check(cudaDeviceCanAccessPeer(&access, ranks[i].device, ranks[j].device));
+      reachable = access != 0;
+    }
+  if (!reachable || n == 1) return;
+  for (int j = 0; j < n; ++j) {
+    if (j == rank) continue;
+    const cudaError_t status = cudaDeviceEnablePeerAccess(ranks[j].device, 0);
+    if (status == cudaErrorPeerAccessAlreadyEnabled)
+      (void)cudaGetLastError();  // enabled before (an earlier group, or NCCL): fine, and not sticky
+    else
+      cuda_check(status);
+  }
+  grid_ = kP2pMaxBlocks;
+  for (const P2pGroup::Rank& r : ranks) grid_ = std::min(grid_, r.multiprocessors);  // co-resident
+  params_.rank = rank;
+  params_.size = n;
+  for (int j = 0; j < n; ++j) {
+    params_.staging[j] = ranks[j].buffer;
+    params_.flags[j] = reinterpret_cast<uint64_t*>(ranks[j].buffer + kFlagsOffset);
+  }
+  params_.epochs = reinterpret_cast<uint64_t*>(mine.buffer + kEpochsOffset);
+  void* device_flag = nullptr;
+  cuda_check(cudaHostGetDevicePointer(&device_flag, const_cast<int*>(abort_flag), 0));
+  params_.abort_flag = static_cast<const volatile int*>(device_flag);
+  enabled_ = true;
+}
+
+bool P2pAllReduce::fits(const Tensor& x) const {
+  return enabled_ && x.device() == Device::kCuda &&
+         (x.dtype() == DType::kF32 || x.dtype() == DType::kBF16) && x.nbytes() <= kP2pMaxBytes;
+}
+
+void P2pAllReduce::sum(Tensor& x, cudaStream_t stream) const {
+  check(fits(x), "peer-to-peer all-reduce: ", x.describe(),
+        " is not an F32 or BF16 device tensor of at most ", kP2pMaxBytes, " bytes");
+  if (x.numel() == 0) return;  // on every rank alike: the same element counts
+  P2pSumParams p = params_;
+  p.x = x.raw();
+  p.numel = x.numel();
+  p.x_aligned = reinterpret_cast<std::uintptr_t>(x.raw()) % 16 == 0;
+  launch_p2p_sum(p, x.dtype() == DType::kBF16 ? P2pDType::kBF16 : P2pDType::kF32, grid_, stream);
+}
+
+}  // namespace nibble::cuda

@@ -1,0 +1,225 @@
+// The one-shot peer-to-peer all-reduce kernel (p2p_all_reduce.h) and its launch. Block b of every
+// rank owns the same slice of the message: it copies its slice of x into its rank's staging half,
+// flags block b of every peer, waits until every peer's block b flagged this epoch, then sums the
+// slice over the ranks' staging in rank order (F32) and writes x.
+//
+// Epochs and buffer reuse. Each block keeps in device memory the epoch it last ran (all blocks of a
+// rank run every call, so all hold the same value); call e runs epoch e (from 1), writes staging
+// half e % 2 and flags `e`. Flags only grow, and a block waits for flag >= e (a fast peer may
+// already have flagged e + 1). Why a rank r at call e may overwrite its half e % 2, which peers
+// read at call e - 2: r's call e starts after its call e - 1 ended (one stream, kernels in order),
+// and in call e - 1 r saw every peer p flag e - 1; p flagged e - 1 in its call e - 1, which started
+// after p's call e - 2 ended, reads of r's half included. And r cannot run ahead to e + 1 while p
+// still waits in e (r's call e needs p's flag e), so a flag >= e always means the half p reads
+// holds epoch e's data. With one buffer instead of two, r at call e + 1 could overwrite what p
+// still reads in call e. The slices may change from call to call (message size): the argument is
+// about whole calls.
+#include <cuda_bf16.h>
+
+#include <cstring>
+#include <type_traits>
+
+#include "cuda/cuda_check.h"
+#include "cuda/p2p_all_reduce.h"
+
+namespace nibble::cuda {
+namespace {
+
+constexpr int kThreads = 512;
+// A waiting block gives up (traps: the device reports an error, never a hang) after this long; a
+// peer that failed normally ends the wait at once through the abort flag. Longer than any skew
+// between ranks that still make progress (the first calls may wait for a peer loading its kernels).
+constexpr uint64_t kSpinTimeoutNs = 30'000'000'000ull;
+
+__device__ inline uint64_t load_acquire(const uint64_t* p) {
+  uint64_t v;
+  asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+
+__device__ inline void store_release(uint64_t* p, uint64_t v) {
+  asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+
+__device__ inline uint64_t global_ns() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+__device__ inline float to_float(float v) {
+  return v;
+}
+__device__ inline float to_float(__nv_bfloat16 v) {
+  return __bfloat162float(v);
+}
+template <typename T>
+__device__ inline T from_float(float v);
+template <>
+__device__ inline float from_float<float>(float v) {
+  return v;
+}
+template <>
+__device__ inline __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+
+// The bits of one element, for the uncached peer loads.
+template <typename T>
+using Bits = std::conditional_t<sizeof(T) == 4, unsigned int, unsigned short>;
+
+// kN consecutive elements: a pack of 16 bytes (kPack) in the bulk of a message, or one element in
+// its tail. Slices are made of packs; the tail (numel % kPack elements) goes to the last block.
+template <typename T>
+constexpr int kPack = 16 / static_cast<int>(sizeof(T));
+
+template <typename T, int kN>
+struct alignas(sizeof(T) * kN) Vec {
+  T e[kN];
+};
+
+// x's elements [i, i + kN): one vector access, or kN scalar ones where x is not 16-byte aligned.
+template <typename T, int kN>
+__device__ inline Vec<T, kN> load_x(const T* x, int64_t i, bool aligned) {
+  if constexpr (kN > 1) {
+    if (!aligned) {
+      Vec<T, kN> v;
+#pragma unroll
+      for (int k = 0; k < kN; ++k) v.e[k] = x[i + k];
+      return v;
+    }
+  }
+  return *reinterpret_cast<const Vec<T, kN>*>(x + i);
+}
+
+template <typename T, int kN>
+__device__ inline void store_x(T* x, int64_t i, bool aligned, const Vec<T, kN>& v) {
+  if constexpr (kN > 1) {
+    if (!aligned) {
+#pragma unroll
+      for (int k = 0; k < kN; ++k) x[i + k] = v.e[k];
+      return;
+    }
+  }
+  *reinterpret_cast<Vec<T, kN>*>(x + i) = v;
+}
+
+// A peer's staging (always aligned), bypassing the caches: fresh after the acquire of its flag.
+template <typename T, int kN>
+__device__ inline Vec<T, kN> load_peer(const T* staging, int64_t i) {
+  using Raw = std::conditional_t<kN == 1, Bits<T>, uint4>;
+  static_assert(sizeof(Raw) == sizeof(Vec<T, kN>));
+  const Raw raw = __ldcv(reinterpret_cast<const Raw*>(staging + i));
+  Vec<T, kN> v;
+  memcpy(&v, &raw, sizeof raw);
+  return v;
+}
+
+// Units [begin, end) of kN elements from `first` on: x into this rank's staging.
+template <typename T, int kN>
+__device__ inline void copy_in(const T* x, bool aligned, T* staging, int64_t first, int64_t begin,
+                               int64_t end) {
+  for (int64_t u = begin + threadIdx.x; u < end; u += kThreads) {
+    const int64_t i = first + u * kN;
+    *reinterpret_cast<Vec<T, kN>*>(staging + i) = load_x<T, kN>(x, i, aligned);
+  }
+}
+
+// The same units: x = Σ over ranks in rank order (F32), this rank's own values read from x.
+template <typename T, int kN>
+__device__ inline void sum_out(const P2pSumParams& p, std::size_t half_offset, int64_t first,
+                               int64_t begin, int64_t end) {
+  T* x = static_cast<T*>(p.x);
+  for (int64_t u = begin + threadIdx.x; u < end; u += kThreads) {
+    const int64_t i = first + u * kN;
+    Vec<T, kN> v[kP2pMaxRanks];
+#pragma unroll
+    for (int r = 0; r < kP2pMaxRanks; ++r)
+      if (r < p.size)
+        v[r] = r == p.rank
+                   ? load_x<T, kN>(x, i, p.x_aligned)
+                   : load_peer<T, kN>(reinterpret_cast<const T*>(p.staging[r] + half_offset), i);
+    float sum[kN];
+#pragma unroll
+    for (int k = 0; k < kN; ++k) sum[k] = to_float(v[0].e[k]);  // not 0 + v: keeps the sign of -0
+#pragma unroll
+    for (int r = 1; r < kP2pMaxRanks; ++r)
+      if (r < p.size)
+#pragma unroll
+        for (int k = 0; k < kN; ++k) sum[k] += to_float(v[r].e[k]);
+    Vec<T, kN> out;
+#pragma unroll
+    for (int k = 0; k < kN; ++k) out.e[k] = from_float<T>(sum[k]);
+    store_x<T, kN>(x, i, p.x_aligned, out);
+  }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads) p2p_sum_kernel(const __grid_constant__ P2pSumParams p) {
+  __shared__ uint64_t epoch_shared;
+  __shared__ int aborted;
+  const int b = blockIdx.x;
+  if (threadIdx.x == 0) {
+    epoch_shared = p.epochs[b] + 1;
+    aborted = 0;
+  }
+  __syncthreads();
+  const uint64_t epoch = epoch_shared;
+  const std::size_t half_offset = (epoch % 2) * kP2pMaxBytes;
+
+  // This block's packs [begin, end) (the same on every rank); the last block also takes the tail.
+  constexpr int kN = kPack<T>;
+  const int64_t packs = p.numel / kN, tail_first = packs * kN, tail = p.numel - tail_first;
+  const int64_t per_block = (packs + gridDim.x - 1) / gridDim.x;
+  const int64_t begin = min(packs, b * per_block), end = min(packs, begin + per_block);
+  const bool last = b == static_cast<int>(gridDim.x) - 1;
+
+  const T* x = static_cast<const T*>(p.x);
+  T* mine = reinterpret_cast<T*>(p.staging[p.rank] + half_offset);
+  copy_in<T, kN>(x, p.x_aligned, mine, 0, begin, end);
+  if (last) copy_in<T, 1>(x, p.x_aligned, mine, tail_first, 0, tail);
+  // The barrier orders every thread's staging writes before the release stores below (release is
+  // cumulative over what the storing thread has observed), so a peer that acquires the flag sees
+  // them.
+  __syncthreads();
+  const int peer = static_cast<int>(threadIdx.x);
+  if (peer < p.size && peer != p.rank) {
+    store_release(p.flags[peer] + p.rank * kP2pMaxBlocks + b, epoch);
+    const uint64_t* flag = p.flags[p.rank] + peer * kP2pMaxBlocks + b;
+    uint64_t started = 0;
+    for (uint32_t spins = 1; load_acquire(flag) < epoch; ++spins) {
+      if (spins % 1024 != 0) continue;
+      if (*p.abort_flag != 0) {
+        aborted = 1;
+        break;
+      }
+      const uint64_t now = global_ns();
+      if (started == 0) started = now;
+      if (now - started > kSpinTimeoutNs) __trap();
+    }
+  }
+  __syncthreads();
+  if (aborted) return;
+
+  sum_out<T, kN>(p, half_offset, 0, begin, end);
+  if (last) sum_out<T, 1>(p, half_offset, tail_first, 0, tail);
+  if (threadIdx.x == 0) p.epochs[b] = epoch;
+}
+
+}  // namespace
+
+void launch_p2p_sum(const P2pSumParams& params, P2pDType dtype, int grid, cudaStream_t stream) {
+  check(grid >= 1 && grid <= kP2pMaxBlocks && params.size >= 2 && params.size <= kP2pMaxRanks,
+        "peer-to-peer all-reduce: grid ", grid, ", ", params.size, " ranks");
+  switch (dtype) {
+    case P2pDType::kF32:
+      p2p_sum_kernel<float><<<grid, kThreads, 0, stream>>>(params);
+      break;
+    case P2pDType::kBF16:
+      p2p_sum_kernel<__nv_bfloat16><<<grid, kThreads, 0, stream>>>(params);
+      break;
+  }
+  cuda_check(cudaGetLastError());
+}
+
+}  // namespace nibble::cuda

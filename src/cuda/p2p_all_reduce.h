@@ -1,0 +1,102 @@
+// A one-shot all-reduce sum for small messages between the GPUs of ONE process, over plain
+// peer-to-peer access (NVLink): one kernel in which each rank copies its tensor into its own
+// staging buffer, flags every peer, waits for every peer's flag and sums all ranks' staging buffers
+// in rank order into its tensor (so every rank holds bit-identical sums). No host state changes per
+// call: CUDA graphs capture it. Not NCCL and no multicast objects; NcclCommunicator uses it for
+// messages up to kP2pMaxBytes.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace nibble::cuda {
+
+constexpr int kP2pMaxRanks = 8;
+constexpr int kP2pMaxBlocks = 64;               // the grid (fewer where a GPU has fewer SMs)
+constexpr std::size_t kP2pMaxBytes = 4u << 20;  // the largest message: one half of a staging buffer
+
+// The state the ranks' threads share: each rank's device buffer once published, the setup barrier,
+// and the abort flag (mapped host memory) that a kernel waiting for its peers polls.
+class P2pGroup {
+ public:
+  explicit P2pGroup(int size);
+  // Waits for every rank's device to finish its work, then frees every rank's buffer (no kernel of
+  // a peer may still read one; called when the last communicator of the group is gone).
+  ~P2pGroup();
+  P2pGroup(const P2pGroup&) = delete;
+  P2pGroup& operator=(const P2pGroup&) = delete;
+
+  int size() const { return size_; }
+  // Kernels waiting for their peers, now or later, return without summing (x keeps this rank's
+  // values); ranks waiting in setup fail with "another rank failed". Safe from any thread.
+  void abort();
+  bool aborted() const { return aborted_.load(); }
+
+ private:
+  friend class P2pAllReduce;
+  struct Rank {
+    int device = -1;
+    std::byte* buffer = nullptr;  // cudaMalloc on `device`: the layout of p2p_all_reduce.cu
+    int multiprocessors = 0;
+  };
+  // This rank's entry; returns every rank's once all published. Fails when the group aborts.
+  std::vector<Rank> publish(int rank, const Rank& mine);
+  volatile int* abort_flag();  // mapped host memory, allocated by the first rank to ask
+
+  int size_;
+  std::mutex mutex_;
+  std::condition_variable published_cv_;
+  int published_ = 0;
+  std::vector<Rank> ranks_;
+  std::atomic<bool> aborted_{false};
+  volatile int* abort_flag_ = nullptr;
+};
+
+// The kernel's arguments (p2p_all_reduce.cu), the same for every call of a rank but x and numel.
+struct P2pSumParams {
+  void* x = nullptr;  // (numel) F32 or BF16 on this rank's device, summed in place
+  int64_t numel = 0;
+  bool x_aligned = false;  // x is 16-byte aligned (vector loads and stores)
+  int rank = 0, size = 0;
+  std::byte* staging[kP2pMaxRanks] = {};  // each rank's 2 halves of kP2pMaxBytes (peer pointers)
+  uint64_t* flags[kP2pMaxRanks] = {};  // each rank's [kP2pMaxRanks (writer), kP2pMaxBlocks] epochs
+  uint64_t* epochs = nullptr;          // this rank's [kP2pMaxBlocks]: the last epoch each block ran
+  const volatile int* abort_flag = nullptr;
+};
+
+class P2pAllReduce {
+ public:
+  // Joins `group` as `rank` on the calling thread's current device; all ranks at once, each on its
+  // own thread. Enabled only when every pair of the ranks' devices can access each other (then peer
+  // access is enabled here for this device); otherwise enabled() is false on every rank.
+  P2pAllReduce(std::shared_ptr<P2pGroup> group, int rank);
+
+  bool enabled() const { return enabled_; }
+  // Whether sum() takes x: enabled, F32 or BF16 on the device, at most kP2pMaxBytes.
+  bool fits(const Tensor& x) const;
+  // x = Σ over ranks of x (in rank order, F32 sums), queued on `stream`. Every rank must make the
+  // same calls with tensors of the same dtype and element count, in the same order, each rank's
+  // calls on one stream (the reuse argument in p2p_all_reduce.cu rests on it).
+  void sum(Tensor& x, cudaStream_t stream) const;
+
+ private:
+  std::shared_ptr<P2pGroup> group_;
+  bool enabled_ = false;
+  int grid_ = 0;
+  P2pSumParams params_;
+};
+
+// The kernel launch (p2p_all_reduce.cu): `grid` blocks, the same on every rank.
+enum class P2pDType { kF32, kBF16 };
+void launch_p2p_sum(const P2pSumParams& params, P2pDType dtype, int grid, cudaStream_t stream);
+
+}  // namespace nibble::cuda
