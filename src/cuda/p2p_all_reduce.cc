@@ -20,11 +20,13 @@ constexpr std::size_t kBufferBytes = kEpochsOffset + sizeof(uint64_t) * kP2pMaxB
 
 }  // namespace
 
-P2pGroup::P2pGroup(int size) : size_(size), ranks_(static_cast<std::size_t>(size)) {
+P2pGroup::P2pGroup(int size) : size_(size) {
   check(size >= 1, "peer-to-peer all-reduce: group size ", size, " must be at least 1");
+  ranks_.resize(static_cast<std::size_t>(size));
 }
 
 P2pGroup::~P2pGroup() {
+  if (abort_flag_ == nullptr) return;  // no rank got as far as allocating
   int current = -1;
   const bool has_current = cudaGetDevice(&current) == cudaSuccess;
   for (const Rank& r : ranks_)
@@ -32,7 +34,7 @@ P2pGroup::~P2pGroup() {
       (void)cudaDeviceSynchronize();
   for (const Rank& r : ranks_)
     if (r.buffer != nullptr && cudaSetDevice(r.device) == cudaSuccess) (void)cudaFree(r.buffer);
-  if (abort_flag_ != nullptr) (void)cudaFreeHost(const_cast<int*>(abort_flag_));
+  (void)cudaFreeHost(const_cast<int*>(abort_flag_));
   if (has_current) (void)cudaSetDevice(current);
   (void)cudaGetLastError();  // a failed group's errors stay with it
 }
@@ -89,8 +91,8 @@ P2pAllReduce::P2pAllReduce(std::shared_ptr<P2pGroup> group, int rank) : group_(s
     (void)cudaFree(buffer);
     throw;
   }
-  const std::vector<P2pGroup::Rank> ranks =
-      group_->publish(rank, mine);  // the group frees the buffer now
+  // From here on the group frees the buffer.
+  const std::vector<P2pGroup::Rank> ranks = group_->publish(rank, mine);
 
   // Every rank decides alike from the same devices: each pair must reach the other directly.
   bool reachable = n <= kP2pMaxRanks;
