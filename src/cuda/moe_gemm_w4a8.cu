@@ -42,7 +42,7 @@ int env_or(const char* name, int fallback) {
   return v != nullptr && *v != '\0' ? std::atoi(v) : fallback;
 }
 
-template <int kTokenTiles, bool kFp8, int kFewer = 0>
+template <int kTokenTiles, bool kFp8>
 struct Tile {
   static constexpr int kRows = kTokenTiles * 8;
   static constexpr int kLaneWords = kFp8 ? 2 : 1;               // uint4 a lane per K block
@@ -50,8 +50,7 @@ struct Tile {
   static constexpr int kStageBytes = kBlocksPerStage * (kWarps * kWarpBlockBytes + kRows * kGemmKBlock);
   // Blocks an SM should hold (registers permitting), and as many stages as their share of the SM's
   // shared memory allows.
-  // (kFewer: that many blocks fewer, each with more stages; NIBBLE_MOE_FEWER_BLOCKS, an experiment.)
-  static constexpr int kMinBlocks = std::max((kTokenTiles <= 2 ? 4 : kTokenTiles == 4 ? 3 : 2) - kFewer, 1);
+  static constexpr int kMinBlocks = kTokenTiles <= 2 ? 4 : kTokenTiles == 4 ? 3 : 2;
   static constexpr int kStages = std::clamp((220 * 1024 / kMinBlocks - 2048) / kStageBytes, 3, 8);
   // Activation copies a stage, by the producer warp: kRows rows × 4 sixteen-byte columns a K block.
   static constexpr int kActPairs = kRows * 4;  // (row, column) pairs of one K block
@@ -61,9 +60,9 @@ struct Tile {
 // One stage: each warp's weight fragments for the stage's K blocks (one contiguous bulk copy a warp),
 // and the activations as K-major core matrices, core matrix (row group j, 16-byte K column c) at
 // (j · 4 + c) · 128 in each K block: 128 bytes between K neighbours, 512 between row groups.
-template <int kTokenTiles, bool kFp8, int kFewer = 0>
+template <int kTokenTiles, bool kFp8>
 struct alignas(128) GemmSmem {
-  using T = Tile<kTokenTiles, kFp8, kFewer>;
+  using T = Tile<kTokenTiles, kFp8>;
   uint4 weights[T::kStages][kWarps][kBlocksPerStage][32 * T::kLaneWords];
   uint8_t act[T::kStages][kBlocksPerStage][T::kRows * kGemmKBlock];
   uint64_t full[T::kStages];   // a slot's weights and activations have landed
@@ -112,14 +111,14 @@ struct Walk {
 // empty, starts one bulk copy of each consumer warp's weights and its lanes' 16-byte activation copies,
 // all completing on the slot's `full` barrier; the consumers wait for `full`, compute, and release the
 // slot on `empty`. Neither side waits for the other's global loads (a unit's expert and row lookups).
-template <int kTokenTiles, bool kFp8, int kFewer = 0>
-__global__ void __launch_bounds__(kThreads, (Tile<kTokenTiles, kFp8, kFewer>::kMinBlocks))
+template <int kTokenTiles, bool kFp8>
+__global__ void __launch_bounds__(kThreads, (Tile<kTokenTiles, kFp8>::kMinBlocks))
     moe_gemm_w4a8_kernel(const __grid_constant__ GemmW4A8Args p) {
-  using T = Tile<kTokenTiles, kFp8, kFewer>;
+  using T = Tile<kTokenTiles, kFp8>;
   constexpr int kRows = T::kRows, kStages = T::kStages;
   constexpr int kAcc = kRows / 2;  // f32 accumulator registers per thread of an m64 × kRows tile
   extern __shared__ uint4 smem_raw[];
-  auto& sm = *reinterpret_cast<GemmSmem<kTokenTiles, kFp8, kFewer>*>(smem_raw);
+  auto& sm = *reinterpret_cast<GemmSmem<kTokenTiles, kFp8>*>(smem_raw);
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, q = lane & 3;
   const int tiles = static_cast<int>(p.n / 16);
@@ -204,49 +203,10 @@ __global__ void __launch_bounds__(kThreads, (Tile<kTokenTiles, kFp8, kFewer>::kM
     return;
   }
 
-  // The consumers. Each stage's 256 K go to the tensor cores in two halves of 128 K (four wgmmas
-  // each, summed in the tensor cores' precision, then added to fp32 registers, so accumulation error
-  // does not grow with K). One half is always in flight while the next is loaded and issued: a stage's
-  // second half completes during the next stage's first, and its slot is released then.
+  // The consumers.
   Cursor compute{.unit = static_cast<int>(blockIdx.x)};
   walk.resolve(compute, p);
   float acc[kAcc] = {};
-  float d[2][kAcc];
-  uint32_t a[2][2][2][4];  // [half][K block of the half][K step][register]: wgmma A fragments
-  int pending = -1;        // the slot whose second half is still in flight
-  // Loads and converts half `half` of slot `slot` (K blocks past `nkb` zero) and issues its wgmmas.
-  auto issue_half = [&](int slot, int half, int nkb) {
-#pragma unroll
-    for (int bb = 0; bb < 2; ++bb) {
-      const int b = half * 2 + bb;
-      const uint32_t live = b < nkb ? 0xFFFFFFFFu : 0u;
-      uint32_t(&f)[2][4] = a[half][bb];
-      if constexpr (kFp8) {  // the two K steps' A fragments, as stored
-        const uint4 lo = sm.weights[slot][warp][b][2 * lane], hi = sm.weights[slot][warp][b][2 * lane + 1];
-        f[0][0] = lo.x & live, f[0][1] = lo.y & live, f[0][2] = lo.z & live, f[0][3] = lo.w & live;
-        f[1][0] = hi.x & live, f[1][1] = hi.y & live, f[1][2] = hi.z & live, f[1][3] = hi.w & live;
-      } else {
-        // Each nibble u becomes the FP8 byte u, worth u · 2^-9: low nibbles are rows g, high g + 8.
-        const uint32_t m = 0x0F0F0F0Fu & live;
-        const uint4 w = sm.weights[slot][warp][b][lane];
-        f[0][0] = w.x & m, f[0][1] = (w.x >> 4) & m, f[0][2] = w.y & m, f[0][3] = (w.y >> 4) & m;
-        f[1][0] = w.z & m, f[1][1] = (w.z >> 4) & m, f[1][2] = w.w & m, f[1][3] = (w.w >> 4) & m;
-      }
-    }
-    wgmma::fence();
-#pragma unroll
-    for (int bb = 0; bb < 2; ++bb) {
-      const uint8_t* act = sm.act[slot][half * 2 + bb];
-      wgmma::WgmmaE4m3<kRows>::mma(d[half], a[half][bb][0], wgmma::descriptor(act, kCoreBytes, 4 * kCoreBytes), bb);
-      wgmma::WgmmaE4m3<kRows>::mma(d[half], a[half][bb][1],
-                                   wgmma::descriptor(act + 2 * kCoreBytes, kCoreBytes, 4 * kCoreBytes), 1);
-    }
-    wgmma::commit();
-  };
-  auto add_half = [&](int half) {
-#pragma unroll
-    for (int j = 0; j < kAcc; ++j) acc[j] += d[half][j];
-  };
   for (int step = 0; walk.valid(compute); ++step) {
     const int slot = step % kStages;
     ptx::mbarrier_wait(&sm.full[slot], (step / kStages) & 1);
@@ -259,27 +219,50 @@ __global__ void __launch_bounds__(kThreads, (Tile<kTokenTiles, kFp8, kFewer>::kM
       walk.advance(compute, p);
       continue;
     }
-    // Every wgmma is issued (a branch around one makes ptxas serialize them all); a K block past the
-    // split's end has zero weights here and zero activations from the producer.
-    issue_half(slot, 0, nkb);
-    wgmma::wait<1>();  // the previous stage's second half, if any
-    if (pending >= 0) {
-      add_half(1);
-      if (lane == 0) ptx::mbarrier_arrive(&sm.empty[pending]);  // this warp is done reading that slot
+    // Two halves of two K blocks (128 K each), each summed by the tensor cores, then promoted. Every
+    // wgmma is issued (a branch around one makes ptxas serialize them all); a K block past the split's
+    // end has zero weights here and zero activations from the producer.
+    float d[2][kAcc];
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      uint32_t a[2][2][4];
+#pragma unroll
+      for (int bb = 0; bb < 2; ++bb) {
+        const int b = half * 2 + bb;
+        const uint32_t live = b < nkb ? 0xFFFFFFFFu : 0u;
+        if constexpr (kFp8) {  // the two K steps' A fragments, as stored
+          const uint4 lo = sm.weights[slot][warp][b][2 * lane], hi = sm.weights[slot][warp][b][2 * lane + 1];
+          a[bb][0][0] = lo.x & live, a[bb][0][1] = lo.y & live, a[bb][0][2] = lo.z & live, a[bb][0][3] = lo.w & live;
+          a[bb][1][0] = hi.x & live, a[bb][1][1] = hi.y & live, a[bb][1][2] = hi.z & live, a[bb][1][3] = hi.w & live;
+        } else {
+          // Each nibble u becomes the FP8 byte u, worth u · 2^-9: low nibbles are rows g, high g + 8.
+          const uint32_t m = 0x0F0F0F0Fu & live;
+          const uint4 w = sm.weights[slot][warp][b][lane];
+          a[bb][0][0] = w.x & m, a[bb][0][1] = (w.x >> 4) & m;
+          a[bb][0][2] = w.y & m, a[bb][0][3] = (w.y >> 4) & m;
+          a[bb][1][0] = w.z & m, a[bb][1][1] = (w.z >> 4) & m;
+          a[bb][1][2] = w.w & m, a[bb][1][3] = (w.w >> 4) & m;
+        }
+      }
+      wgmma::fence();
+#pragma unroll
+      for (int bb = 0; bb < 2; ++bb) {
+        const uint8_t* act = sm.act[slot][half * 2 + bb];
+        wgmma::WgmmaE4m3<kRows>::mma(d[half], a[bb][0], wgmma::descriptor(act, kCoreBytes, 4 * kCoreBytes), bb);
+        wgmma::WgmmaE4m3<kRows>::mma(d[half], a[bb][1],
+                                     wgmma::descriptor(act + 2 * kCoreBytes, kCoreBytes, 4 * kCoreBytes), 1);
+      }
+      wgmma::commit();
     }
-    issue_half(slot, 1, nkb);
     wgmma::wait<1>();
-    add_half(0);
-    pending = slot;
-    const bool chunk_end = compute.stage == compute.stages - 1;
-    if (chunk_end) {
-      wgmma::wait<0>();
-      add_half(1);
-      if (lane == 0) ptx::mbarrier_arrive(&sm.empty[slot]);
-      pending = -1;
-    }
+#pragma unroll
+    for (int j = 0; j < kAcc; ++j) acc[j] += d[0][j];
+    wgmma::wait<0>();
+    if (lane == 0) ptx::mbarrier_arrive(&sm.empty[slot]);  // this warp is done reading the slot
+#pragma unroll
+    for (int j = 0; j < kAcc; ++j) acc[j] += d[1][j];
 
-    if (chunk_end) {  // the chunk's last stage: write its rows out
+    if (compute.stage == compute.stages - 1) {  // the chunk's last stage: write its rows out
       // Each row's Σ a over this split's K blocks (INT4's offset correction) and its scale.
       constexpr int kThreadsPerRow = kConsumers / kRows;
       const int rr = threadIdx.x / kThreadsPerRow, part = threadIdx.x % kThreadsPerRow;
@@ -320,12 +303,12 @@ __global__ void __launch_bounds__(kThreads, (Tile<kTokenTiles, kFp8, kFewer>::kM
   }
 }
 
-// Blocks of the <kTokenTiles, kFp8, kFewer> kernel an SM holds at once.
-template <int kTokenTiles, bool kFp8, int kFewer = 0>
+// Blocks of the <kTokenTiles, kFp8> kernel an SM holds at once.
+template <int kTokenTiles, bool kFp8>
 int resident_blocks() {
   static const int resident = [] {
-    constexpr int kSmem = sizeof(GemmSmem<kTokenTiles, kFp8, kFewer>);
-    auto* kernel = moe_gemm_w4a8_kernel<kTokenTiles, kFp8, kFewer>;
+    constexpr int kSmem = sizeof(GemmSmem<kTokenTiles, kFp8>);
+    auto* kernel = moe_gemm_w4a8_kernel<kTokenTiles, kFp8>;
     allow_dynamic_smem(reinterpret_cast<const void*>(kernel), kSmem);
     int blocks = 0;
     cuda_check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kThreads, kSmem));
@@ -344,11 +327,11 @@ Grid grid_for(int64_t units, int64_t slots) {
   return {(units + per_block - 1) / per_block, per_block};
 }
 
-template <int kTokenTiles, bool kFp8, int kFewer = 0>
+template <int kTokenTiles, bool kFp8>
 void launch(const GemmW4A8Args& p, cudaStream_t stream) {
-  constexpr int kSmem = sizeof(GemmSmem<kTokenTiles, kFp8, kFewer>);
-  auto* kernel = moe_gemm_w4a8_kernel<kTokenTiles, kFp8, kFewer>;
-  const int resident = resident_blocks<kTokenTiles, kFp8, kFewer>();
+  constexpr int kSmem = sizeof(GemmSmem<kTokenTiles, kFp8>);
+  auto* kernel = moe_gemm_w4a8_kernel<kTokenTiles, kFp8>;
+  const int resident = resident_blocks<kTokenTiles, kFp8>();
   const int64_t groups = (p.n / 16 + kWarps - 1) / kWarps;
   const int64_t units = p.expert_slots * groups * p.splits;
   const auto grid = static_cast<unsigned>(grid_for(units, int64_t{multiprocessor_count()} * resident).blocks);
@@ -371,6 +354,7 @@ int token_tiles_for(int64_t rows, int64_t expert_slots) {
 }  // namespace
 
 int64_t choose_k_splits(int64_t n, int64_t k, int64_t expert_slots, int64_t rows, int num_sms) {
+  (void)rows;
   const int64_t kblocks = k / kGemmKBlock;
   const int64_t pairs = expert_slots * ((n / 16 + kWarps - 1) / kWarps);  // (expert, 64 channels)
   static const int units_per_sm = env_or("NIBBLE_MOE_UNITS_PER_SM", kUnitsPerSm);
@@ -380,28 +364,7 @@ int64_t choose_k_splits(int64_t n, int64_t k, int64_t expert_slots, int64_t rows
     return (kblocks + per_split - 1) / per_split;
   };
   const int64_t target = static_cast<int64_t>(num_sms) * units_per_sm;
-  const int64_t by_target = no_empty_split(std::clamp<int64_t>((target + pairs - 1) / pairs, 1, most));
-  static const bool balance = env_or("NIBBLE_MOE_BALANCE", 1) != 0;
-  if (!balance) return by_target;
-  // Among the splits up to twice the target's, the one whose busiest SM has the least work: blocks
-  // land on SMs evenly (all are resident at once), so an SM walks ceil(grid / SMs) blocks' units.
-  const int tiles = token_tiles_for(rows, expert_slots);
-  const int64_t resident = tiles == 1   ? resident_blocks<1, false>()
-                           : tiles == 2 ? resident_blocks<2, false>()
-                           : tiles == 4 ? resident_blocks<4, false>()
-                                        : resident_blocks<8, false>();
-  int64_t best = by_target;
-  double best_load = 0.0;
-  for (int64_t splits = 1; splits <= std::min(most, 2 * by_target); ++splits) {
-    if (no_empty_split(splits) != splits) continue;
-    const Grid grid = grid_for(pairs * splits, resident * num_sms);
-    // The busiest SM's units, in whole-problem units (a split unit is 1/splits of one), with 1% a
-    // split for the partial sums it writes and the combine reads.
-    const double load = static_cast<double>((grid.blocks + num_sms - 1) / num_sms * grid.per_block) / splits *
-                        (1.0 + 0.01 * splits);
-    if (splits == 1 || load < best_load) best = splits, best_load = load;
-  }
-  return best;
+  return no_empty_split(std::clamp<int64_t>((target + pairs - 1) / pairs, 1, most));
 }
 
 void moe_gemm_w4a8(const GemmW4A8Args& p, cudaStream_t stream) {
@@ -412,14 +375,9 @@ void moe_gemm_w4a8(const GemmW4A8Args& p, cudaStream_t stream) {
             (p.splits - 1) * ((kblocks + p.splits - 1) / p.splits) < kblocks,
         "moe_gemm_w4a8: bad grid (", p.splits, " K splits of ", kblocks, " K blocks)");
   const bool fp8 = p.weight_format == ExpertWeightFormat::kFp8;
-  static const int fewer_blocks = env_or("NIBBLE_MOE_FEWER_BLOCKS", 0);
   switch (token_tiles_for(p.max_rows, p.expert_slots)) {
-    case 1:
-      if (!fp8 && fewer_blocks == 1) return launch<1, false, 1>(p, stream);
-      return fp8 ? launch<1, true>(p, stream) : launch<1, false>(p, stream);
-    case 2:
-      if (!fp8 && fewer_blocks == 1) return launch<2, false, 1>(p, stream);
-      return fp8 ? launch<2, true>(p, stream) : launch<2, false>(p, stream);
+    case 1: return fp8 ? launch<1, true>(p, stream) : launch<1, false>(p, stream);
+    case 2: return fp8 ? launch<2, true>(p, stream) : launch<2, false>(p, stream);
     case 4: return fp8 ? launch<4, true>(p, stream) : launch<4, false>(p, stream);
     default: return fp8 ? launch<8, true>(p, stream) : launch<8, false>(p, stream);
   }
