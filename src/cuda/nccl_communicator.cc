@@ -19,18 +19,19 @@ void nccl_check(ncclResult_t status, const char* what) {
 
 }  // namespace
 
-SmallSums small_sums_from_environment() {
+SmallMessages small_messages_from_environment() {
   const char* value = std::getenv("NIBBLE_P2P_ALLREDUCE");
-  return value != nullptr && std::string_view(value) == "0" ? SmallSums::kNccl
-                                                            : SmallSums::kPeerToPeer;
+  return value != nullptr && std::string_view(value) == "0" ? SmallMessages::kNccl
+                                                            : SmallMessages::kPeerToPeer;
 }
 
-NcclGroup::NcclGroup(int size, SmallSums small_sums) : size_(size) {
+NcclGroup::NcclGroup(int size, SmallMessages small_messages) : size_(size) {
   check(size >= 1, "NCCL: group size ", size, " must be at least 1");
   setenv("NCCL_NVLS_ENABLE", "0", 1);  // never NVLink multicast
   nccl_check(ncclGetUniqueId(&id_), "ncclGetUniqueId");
   for (int r = 0; r < size; ++r) slots_.push_back(std::make_unique<Slot>());
-  if (small_sums == SmallSums::kPeerToPeer && size > 1) p2p_ = std::make_shared<P2pGroup>(size);
+  if (small_messages == SmallMessages::kPeerToPeer && size > 1)
+    p2p_ = std::make_shared<P2pGroup>(size);
 }
 
 void NcclGroup::abort() {
@@ -131,18 +132,21 @@ void NcclCommunicator::all_reduce(Tensor& x, ncclRedOp_t op) {
 void NcclCommunicator::all_reduce_sum(Tensor& x) {
   check(x.device() == Device::kCuda && (x.dtype() == DType::kBF16 || x.dtype() == DType::kF32),
         "NCCL all_reduce_sum: ", x.describe(), " is not a BF16 or F32 device tensor");
-  if (group_->size() > 1 && p2p_ != nullptr && p2p_->fits(x)) {  // the same choice on every rank
-    check(!group_->aborted(), "tensor parallel: another rank failed");
-    p2p_->sum(x, stream_);
-    return;
-  }
-  all_reduce(x, ncclSum);
+  if (!reduce_peer_to_peer(x, P2pOp::kSum)) all_reduce(x, ncclSum);
 }
 
 void NcclCommunicator::all_reduce_max(Tensor& x) {
   check(x.device() == Device::kCuda && x.dtype() == DType::kF32, "NCCL all_reduce_max: ", x.describe(),
         " is not an F32 device tensor");
-  all_reduce(x, ncclMax);
+  if (!reduce_peer_to_peer(x, P2pOp::kMax)) all_reduce(x, ncclMax);
+}
+
+bool NcclCommunicator::reduce_peer_to_peer(Tensor& x, P2pOp op) {
+  // The same choice on every rank: the same dtypes and sizes.
+  if (group_->size() == 1 || p2p_ == nullptr || !p2p_->fits(x, op)) return false;
+  check(!group_->aborted(), "tensor parallel: another rank failed");
+  p2p_->reduce(x, op, stream_);
+  return true;
 }
 
 }  // namespace nibble::cuda

@@ -4,10 +4,10 @@
 // connect the ranks) poll instead of waiting, so a group whose rank failed ends with an error,
 // never a hang; NcclGroup::abort aborts every rank's communicator (also the kernels of a rank stuck
 // in a collective its failed peer never joined). NVLink multicast (NVLS) is switched off before
-// init: no multicast objects are ever created. Sums of at most kP2pMaxBytes go through the
-// peer-to-peer all-reduce (p2p_all_reduce.h) where every pair of GPUs can access each other, unless
-// NIBBLE_P2P_ALLREDUCE=0 (NCCL for every collective: for A/B timing). Built only where CMake finds
-// NCCL (target nibble_nccl).
+// init: no multicast objects are ever created. Sums and maxima of at most kP2pMaxBytes go through
+// the peer-to-peer all-reduce (p2p_all_reduce.h) where every pair of GPUs can access each other,
+// unless NIBBLE_P2P_ALLREDUCE=0 (NCCL for every collective: for A/B timing). Built only where CMake
+// finds NCCL (target nibble_nccl).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -23,17 +23,17 @@
 
 namespace nibble::cuda {
 
-// Who sums small messages: the peer-to-peer all-reduce (where the GPUs allow it) or NCCL.
-enum class SmallSums { kPeerToPeer, kNccl };
+// Who reduces small messages: the peer-to-peer all-reduce (where the GPUs allow it) or NCCL.
+enum class SmallMessages { kPeerToPeer, kNccl };
 // kNccl when NIBBLE_P2P_ALLREDUCE=0, else kPeerToPeer.
-SmallSums small_sums_from_environment();
+SmallMessages small_messages_from_environment();
 
 // The ranks of one process that form one NCCL group: the id rank 0 made, and each rank's
 // communicator once it joined, so that any rank can abort all of them.
 class NcclGroup {
  public:
   // A fresh id; sets NCCL_NVLS_ENABLE=0 (call before any rank joins).
-  explicit NcclGroup(int size, SmallSums small_sums = small_sums_from_environment());
+  explicit NcclGroup(int size, SmallMessages small_messages = small_messages_from_environment());
   int size() const { return size_; }
   const ncclUniqueId& id() const { return id_; }
   bool aborted() const { return aborted_.load(); }
@@ -71,11 +71,14 @@ class NcclCommunicator final : public Communicator {
   void all_reduce_sum(Tensor& x) override;  // BF16 or F32 on this rank's device
   void all_reduce_max(Tensor& x) override;  // F32 on this rank's device
   void abort() override { group_->abort(); }
-  // Whether sums of at most kP2pMaxBytes go peer to peer (asked for, and the GPUs allow it).
-  bool peer_to_peer_sums() const { return p2p_ != nullptr && p2p_->enabled(); }
+  // Whether sums and maxima of at most kP2pMaxBytes go peer to peer (asked for, and the GPUs allow
+  // it).
+  bool peer_to_peer_enabled() const { return p2p_ != nullptr && p2p_->enabled(); }
 
  private:
   void all_reduce(Tensor& x, ncclRedOp_t op);
+  // Reduces x peer to peer where it fits (p2p_all_reduce.h); false: NCCL's to do.
+  bool reduce_peer_to_peer(Tensor& x, P2pOp op);
   // Waits, without blocking in NCCL, until the communicator's last call completed; fails if it
   // failed or the group aborted. Holds no lock while it waits.
   void wait_ready(const char* what);

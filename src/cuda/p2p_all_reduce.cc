@@ -127,20 +127,23 @@ P2pAllReduce::P2pAllReduce(std::shared_ptr<P2pGroup> group, int rank) : group_(s
   enabled_ = true;
 }
 
-bool P2pAllReduce::fits(const Tensor& x) const {
-  return enabled_ && x.device() == Device::kCuda &&
-         (x.dtype() == DType::kF32 || x.dtype() == DType::kBF16) && x.nbytes() <= kP2pMaxBytes;
+bool P2pAllReduce::fits(const Tensor& x, P2pOp op) const {
+  const bool dtype_ok =
+      x.dtype() == DType::kF32 || (op == P2pOp::kSum && x.dtype() == DType::kBF16);
+  return enabled_ && dtype_ok && x.device() == Device::kCuda && x.nbytes() <= kP2pMaxBytes;
 }
 
-void P2pAllReduce::sum(Tensor& x, cudaStream_t stream) const {
-  check(fits(x), "peer-to-peer all-reduce: ", x.describe(),
-        " is not an F32 or BF16 device tensor of at most ", kP2pMaxBytes, " bytes");
+void P2pAllReduce::reduce(Tensor& x, P2pOp op, cudaStream_t stream) const {
+  check(fits(x, op), "peer-to-peer all-reduce: ", x.describe(),
+        " is not a device tensor of at most ", kP2pMaxBytes,
+        " bytes of a dtype this reduction takes");
   if (x.numel() == 0) return;  // on every rank alike: the same element counts
-  P2pSumParams p = params_;
+  P2pParams p = params_;
   p.x = x.raw();
   p.numel = x.numel();
   p.x_aligned = reinterpret_cast<std::uintptr_t>(x.raw()) % 16 == 0;
-  launch_p2p_sum(p, x.dtype() == DType::kBF16 ? P2pDType::kBF16 : P2pDType::kF32, grid_, stream);
+  const P2pDType dtype = x.dtype() == DType::kBF16 ? P2pDType::kBF16 : P2pDType::kF32;
+  launch_p2p_all_reduce(p, dtype, op, grid_, stream);
 }
 
 }  // namespace nibble::cuda

@@ -1,7 +1,7 @@
 // The one-shot peer-to-peer all-reduce kernel (p2p_all_reduce.h) and its launch. Block b of every
 // rank owns the same slice of the message: it copies its slice of x into its rank's staging half,
-// flags block b of every peer, waits until every peer's block b flagged this epoch, then sums the
-// slice over the ranks' staging in rank order (F32) and writes x.
+// flags block b of every peer, waits until every peer's block b flagged this epoch, then reduces
+// the slice over the ranks' staging in rank order (sums in F32) and writes x.
 //
 // Epochs and buffer reuse. Each block keeps in device memory the epoch it last ran (all blocks of a
 // rank run every call, so all hold the same value); call e runs epoch e (from 1), writes staging
@@ -125,10 +125,11 @@ __device__ inline void copy_in(const T* x, bool aligned, T* staging, int64_t fir
   }
 }
 
-// The same units: x = Σ over ranks in rank order (F32), this rank's own values read from x.
-template <typename T, int kN>
-__device__ inline void sum_out(const P2pSumParams& p, std::size_t half_offset, int64_t first,
-                               int64_t begin, int64_t end) {
+// The same units: x = the sum (F32) or maximum over ranks in rank order, this rank's own values
+// read from x.
+template <typename T, P2pOp kOp, int kN>
+__device__ inline void reduce_out(const P2pParams& p, std::size_t half_offset, int64_t first,
+                                  int64_t begin, int64_t end) {
   T* x = static_cast<T*>(p.x);
   for (int64_t u = begin + threadIdx.x; u < end; u += kThreads) {
     const int64_t i = first + u * kN;
@@ -139,23 +140,26 @@ __device__ inline void sum_out(const P2pSumParams& p, std::size_t half_offset, i
         v[r] = r == p.rank
                    ? load_x<T, kN>(x, i, p.x_aligned)
                    : load_peer<T, kN>(reinterpret_cast<const T*>(p.staging[r] + half_offset), i);
-    float sum[kN];
+    float acc[kN];
 #pragma unroll
-    for (int k = 0; k < kN; ++k) sum[k] = to_float(v[0].e[k]);  // not 0 + v: keeps the sign of -0
+    for (int k = 0; k < kN; ++k) acc[k] = to_float(v[0].e[k]);  // not 0 + v: keeps the sign of -0
 #pragma unroll
     for (int r = 1; r < kP2pMaxRanks; ++r)
       if (r < p.size)
 #pragma unroll
-        for (int k = 0; k < kN; ++k) sum[k] += to_float(v[r].e[k]);
+        for (int k = 0; k < kN; ++k)
+          acc[k] = kOp == P2pOp::kSum ? acc[k] + to_float(v[r].e[k])
+                                      : fmaxf(acc[k], to_float(v[r].e[k]));
     Vec<T, kN> out;
 #pragma unroll
-    for (int k = 0; k < kN; ++k) out.e[k] = from_float<T>(sum[k]);
+    for (int k = 0; k < kN; ++k) out.e[k] = from_float<T>(acc[k]);
     store_x<T, kN>(x, i, p.x_aligned, out);
   }
 }
 
-template <typename T>
-__global__ void __launch_bounds__(kThreads) p2p_sum_kernel(const __grid_constant__ P2pSumParams p) {
+template <typename T, P2pOp kOp>
+__global__ void __launch_bounds__(kThreads)
+    p2p_all_reduce_kernel(const __grid_constant__ P2pParams p) {
   __shared__ uint64_t epoch_shared;
   __shared__ int aborted;
   const int b = blockIdx.x;
@@ -201,24 +205,27 @@ __global__ void __launch_bounds__(kThreads) p2p_sum_kernel(const __grid_constant
   __syncthreads();
   if (aborted) return;
 
-  sum_out<T, kN>(p, half_offset, 0, begin, end);
-  if (last) sum_out<T, 1>(p, half_offset, tail_first, 0, tail);
+  reduce_out<T, kOp, kN>(p, half_offset, 0, begin, end);
+  if (last) reduce_out<T, kOp, 1>(p, half_offset, tail_first, 0, tail);
   if (threadIdx.x == 0) p.epochs[b] = epoch;
 }
 
 }  // namespace
 
-void launch_p2p_sum(const P2pSumParams& params, P2pDType dtype, int grid, cudaStream_t stream) {
+void launch_p2p_all_reduce(const P2pParams& params, P2pDType dtype, P2pOp op, int grid,
+                           cudaStream_t stream) {
   check(grid >= 1 && grid <= kP2pMaxBlocks && params.size >= 2 && params.size <= kP2pMaxRanks,
         "peer-to-peer all-reduce: grid ", grid, ", ", params.size, " ranks");
-  switch (dtype) {
-    case P2pDType::kF32:
-      p2p_sum_kernel<float><<<grid, kThreads, 0, stream>>>(params);
-      break;
-    case P2pDType::kBF16:
-      p2p_sum_kernel<__nv_bfloat16><<<grid, kThreads, 0, stream>>>(params);
-      break;
-  }
+  // The combinations that ship: sums of F32 (the residual stream) and BF16, maxima of F32 (the FP8
+  // quantizers' row amax).
+  if (op == P2pOp::kSum && dtype == P2pDType::kF32)
+    p2p_all_reduce_kernel<float, P2pOp::kSum><<<grid, kThreads, 0, stream>>>(params);
+  else if (op == P2pOp::kSum && dtype == P2pDType::kBF16)
+    p2p_all_reduce_kernel<__nv_bfloat16, P2pOp::kSum><<<grid, kThreads, 0, stream>>>(params);
+  else if (op == P2pOp::kMax && dtype == P2pDType::kF32)
+    p2p_all_reduce_kernel<float, P2pOp::kMax><<<grid, kThreads, 0, stream>>>(params);
+  else
+    fail("peer-to-peer all-reduce: no BF16 maximum");
   cuda_check(cudaGetLastError());
 }
 

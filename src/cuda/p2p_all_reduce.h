@@ -1,9 +1,9 @@
-// A one-shot all-reduce sum for small messages between the GPUs of ONE process, over plain
-// peer-to-peer access (NVLink): one kernel in which each rank copies its tensor into its own
-// staging buffer, flags every peer, waits for every peer's flag and sums all ranks' staging buffers
-// in rank order into its tensor (so every rank holds bit-identical sums). No host state changes per
-// call: CUDA graphs capture it. Not NCCL and no multicast objects; NcclCommunicator uses it for
-// messages up to kP2pMaxBytes.
+// A one-shot all-reduce (sum, or maximum) for small messages between the GPUs of ONE process, over
+// plain peer-to-peer access (NVLink): one kernel in which each rank copies its tensor into its own
+// staging buffer, flags every peer, waits for every peer's flag and reduces all ranks' staging
+// buffers in rank order into its tensor (so every rank holds bit-identical results). No host state
+// changes per call: CUDA graphs capture it. Not NCCL and no multicast objects; NcclCommunicator
+// uses it for messages up to kP2pMaxBytes.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -36,7 +36,7 @@ class P2pGroup {
   P2pGroup& operator=(const P2pGroup&) = delete;
 
   int size() const { return size_; }
-  // Kernels waiting for their peers, now or later, return without summing (x keeps this rank's
+  // Kernels waiting for their peers, now or later, return without reducing (x keeps this rank's
   // values); ranks waiting in setup fail with "another rank failed". Safe from any thread.
   void abort();
   bool aborted() const { return aborted_.load(); }
@@ -61,9 +61,11 @@ class P2pGroup {
   volatile int* abort_flag_ = nullptr;
 };
 
+enum class P2pOp { kSum, kMax };
+
 // The kernel's arguments (p2p_all_reduce.cu), the same for every call of a rank but x and numel.
-struct P2pSumParams {
-  void* x = nullptr;  // (numel) F32 or BF16 on this rank's device, summed in place
+struct P2pParams {
+  void* x = nullptr;  // (numel) F32 or BF16 on this rank's device, reduced in place
   int64_t numel = 0;
   bool x_aligned = false;  // x is 16-byte aligned (vector loads and stores)
   int rank = 0, size = 0;
@@ -81,22 +83,25 @@ class P2pAllReduce {
   P2pAllReduce(std::shared_ptr<P2pGroup> group, int rank);
 
   bool enabled() const { return enabled_; }
-  // Whether sum() takes x: enabled, F32 or BF16 on the device, at most kP2pMaxBytes.
-  bool fits(const Tensor& x) const;
-  // x = Σ over ranks of x (in rank order, F32 sums), queued on `stream`. Every rank must make the
-  // same calls with tensors of the same dtype and element count, in the same order, each rank's
-  // calls on one stream (the reuse argument in p2p_all_reduce.cu rests on it).
-  void sum(Tensor& x, cudaStream_t stream) const;
+  // Whether reduce() takes x: enabled, at most kP2pMaxBytes on the device, F32 or BF16 for kSum,
+  // F32 for kMax.
+  bool fits(const Tensor& x, P2pOp op) const;
+  // x = the sum (F32 sums, then rounded to x's dtype) or maximum over ranks of x, combined in rank
+  // order, queued on `stream`. Every rank must make the same calls with tensors of the same dtype
+  // and element count, in the same order, each rank's calls on one stream (the reuse argument in
+  // p2p_all_reduce.cu rests on it).
+  void reduce(Tensor& x, P2pOp op, cudaStream_t stream) const;
 
  private:
   std::shared_ptr<P2pGroup> group_;
   bool enabled_ = false;
   int grid_ = 0;
-  P2pSumParams params_;
+  P2pParams params_;
 };
 
 // The kernel launch (p2p_all_reduce.cu): `grid` blocks, the same on every rank.
 enum class P2pDType { kF32, kBF16 };
-void launch_p2p_sum(const P2pSumParams& params, P2pDType dtype, int grid, cudaStream_t stream);
+void launch_p2p_all_reduce(const P2pParams& params, P2pDType dtype, P2pOp op, int grid,
+                           cudaStream_t stream);
 
 }  // namespace nibble::cuda
