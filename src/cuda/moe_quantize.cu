@@ -1,6 +1,10 @@
-// Per-row FP8 quantization kernels: one block per row, the row staged in shared memory. Optionally
-// gathered (quantize) or scaled per row and channel (activation) for the prefill path.
+// Per-row FP8 quantization kernels: one block per row (quantize) or a cluster of blocks per row
+// (activation), the row staged in shared memory. Optionally gathered (quantize) or scaled per row and
+// channel (activation) for the prefill path.
+#include <cooperative_groups.h>
 #include <cuda_bf16.h>
+
+#include <algorithm>
 
 #include "cuda/activation.cuh"
 #include "cuda/cuda_check.h"
@@ -11,6 +15,8 @@
 
 namespace nibble::cuda {
 namespace {
+
+namespace cg = cooperative_groups;
 
 constexpr int kThreads = 1024;  // one block a row: as many threads as can share the row's loads
 constexpr int64_t kMaxCols = 32768;
@@ -59,49 +65,86 @@ __global__ void __launch_bounds__(kThreads) quantize_rows_kernel(const __grid_co
                    p.sums != nullptr ? p.sums + r * (p.cols / kRowBlock) : nullptr, reduce, scale);
 }
 
-__global__ void __launch_bounds__(kThreads) activation_kernel(const __grid_constant__ ActivationArgs p) {
-  extern __shared__ float values[];
+// Activation rows split over a thread-block cluster: block q of a row's cluster takes the 64-wide
+// blocks [q·per, (q + 1)·per) of its columns, so few rows (decode: T·top-k of them) still spread
+// their split-K partial sums (the bulk of the reads) over 8 SMs a row. The row's amax is the max of
+// the blocks' amaxes, exchanged through distributed shared memory; every value, code, scale and sum
+// is computed as the one-block-a-row kernel did (a max has no rounding, sums stay per 64-block).
+constexpr int kActThreads = 256;
+constexpr int kActCluster = 8;  // the portable cluster size
+constexpr int64_t kActMaxCols = kMaxCols / kActCluster;
+
+__global__ void __launch_bounds__(kActThreads) activation_kernel(const __grid_constant__ ActivationArgs p) {
+  __shared__ __align__(16) float values[kActMaxCols];  // this block's columns, read as float4
   __shared__ float reduce[32];
-  const int64_t r = blockIdx.x, I = p.intermediate;
+  __shared__ float block_amax, row_amax, unused_scale;
+  cg::cluster_group cluster = cg::this_cluster();
+  const int64_t I = p.intermediate, row_blocks = I / kRowBlock;
+  const auto C = static_cast<int64_t>(cluster.num_blocks()), q = static_cast<int64_t>(cluster.block_rank());
+  const int64_t r = blockIdx.x / C, per = (row_blocks + C - 1) / C;
+  const int64_t col0 = min(row_blocks, q * per) * kRowBlock, cols = min(row_blocks, (q + 1) * per) * kRowBlock - col0;
+  uint8_t* codes = p.codes + r * I + col0;
+  float* sums = p.sums + r * (I / kRowBlock) + col0 / kRowBlock;
+  float* scale_out = q == 0 ? p.scale + r : &unused_scale;  // block 0 of the cluster writes the row's scale
   const float4* channel = nullptr;  // (2I / 4) this row's expert's scales, when the product is unscaled
   float row_scale = 1.0f;
   if (p.row_scale != nullptr) {
     const int64_t e = p.row_expert[r];
-    if (e < 0) {
+    if (e < 0) {  // the whole cluster returns here, before any exchange
       if (p.amax_out != nullptr) {
-        if (threadIdx.x == 0) p.amax_out[r] = 0.0f;
+        if (q == 0 && threadIdx.x == 0) p.amax_out[r] = 0.0f;
         return;
       }
-      return write_zero_row(p.codes + r * I, I, p.scale + r, p.sums + r * (I / kRowBlock));
+      return write_zero_row(codes, cols, scale_out, sums);
     }
     channel = reinterpret_cast<const float4*>(p.channel_scale + e * 2 * I);
     row_scale = p.row_scale[r];
   }
-  for (int64_t i = threadIdx.x; i < I / 4; i += blockDim.x) {  // 4 columns a thread
+  float amax = 0.0f;
+  for (int64_t i = threadIdx.x; i < cols / 4; i += blockDim.x) {  // 4 columns a thread
+    const int64_t c = col0 / 4 + i;                                // the float4's index in the row
     float4 gate = {0.0f, 0.0f, 0.0f, 0.0f}, up = gate;
+#pragma unroll 4
     for (int64_t s = 0; s < p.splits; ++s) {
       const auto* row = reinterpret_cast<const float4*>(p.gate_up + (s * p.max_rows + r) * 2 * I);
-      const float4 g = row[i], u = row[I / 4 + i];
+      const float4 g = row[c], u = row[I / 4 + c];
       gate = {gate.x + g.x, gate.y + g.y, gate.z + g.z, gate.w + g.w};
       up = {up.x + u.x, up.y + u.y, up.z + u.z, up.w + u.w};
     }
     if (channel != nullptr) {
-      const float4 cg = channel[i], cu = channel[I / 4 + i];
-      gate = {gate.x * row_scale * cg.x, gate.y * row_scale * cg.y, gate.z * row_scale * cg.z,
-              gate.w * row_scale * cg.w};
-      up = {up.x * row_scale * cu.x, up.y * row_scale * cu.y, up.z * row_scale * cu.z, up.w * row_scale * cu.w};
+      const float4 sg = channel[c], su = channel[I / 4 + c];
+      gate = {gate.x * row_scale * sg.x, gate.y * row_scale * sg.y, gate.z * row_scale * sg.z,
+              gate.w * row_scale * sg.w};
+      up = {up.x * row_scale * su.x, up.y * row_scale * su.y, up.z * row_scale * su.z, up.w * row_scale * su.w};
     }
-    values[4 * i] = activate(p.activation, gate.x) * up.x;
-    values[4 * i + 1] = activate(p.activation, gate.y) * up.y;
-    values[4 * i + 2] = activate(p.activation, gate.z) * up.z;
-    values[4 * i + 3] = activate(p.activation, gate.w) * up.w;
+    const float4 v = {activate(p.activation, gate.x) * up.x, activate(p.activation, gate.y) * up.y,
+                      activate(p.activation, gate.z) * up.z, activate(p.activation, gate.w) * up.w};
+    reinterpret_cast<float4*>(values)[i] = v;
+    amax = fmaxf(amax, fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
+  }
+  // The block's amax, then the row's over the cluster's blocks.
+  for (int o = 16; o > 0; o /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, o));
+  if (threadIdx.x % 32 == 0) reduce[threadIdx.x / 32] = amax;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (unsigned w = 1; w < blockDim.x / 32; ++w) amax = fmaxf(amax, reduce[w]);
+    block_amax = amax;
+  }
+  cluster.sync();  // every block's amax (and this block's values) written
+  if (threadIdx.x < 32) {
+    float m = threadIdx.x < C ? *cluster.map_shared_rank(&block_amax, static_cast<unsigned>(threadIdx.x)) : 0.0f;
+    for (int o = 16; o > 0; o /= 2) m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, o));
+    if (threadIdx.x == 0) row_amax = m;
   }
   __syncthreads();
-  // The first pass under tensor parallelism: only the row's amax.
-  if (p.amax_out != nullptr) return write_row_amax(values, I, p.amax_out + r, reduce);
-  // The scale of the dynamic formula, from the amax over every rank's slice when one is given.
-  const float scale = p.amax_in != nullptr ? fmaxf(p.amax_in[r], 1e-12f) / 448.0f : 0.0f;
-  quantize_row_fp8(values, I, p.codes + r * I, p.scale + r, p.sums + r * (I / kRowBlock), reduce, scale);
+  if (p.amax_out != nullptr) {  // the first pass under tensor parallelism: only the row's amax
+    if (q == 0 && threadIdx.x == 0) p.amax_out[r] = row_amax;
+  } else {
+    // The dynamic formula, over every rank's slice when the reduced amax is given.
+    const float scale = fmaxf(p.amax_in != nullptr ? p.amax_in[r] : row_amax, 1e-12f) / 448.0f;
+    quantize_row_fp8(values, cols, codes, scale_out, sums, reduce, scale);
+  }
+  cluster.sync();  // no block leaves while another may still read its block_amax
 }
 
 template <typename Kernel>
@@ -121,12 +164,21 @@ void quantize_rows_fp8(const QuantizeRowsArgs& p, cudaStream_t stream) {
 }
 
 void activation_quantize_fp8(const ActivationArgs& p, cudaStream_t stream) {
-  check(p.intermediate % kRowBlock == 0 && p.intermediate <= kMaxCols, "activation_quantize_fp8: ",
-        p.intermediate, " columns");
-  set_smem(activation_kernel);
+  check(p.intermediate > 0 && p.intermediate % kRowBlock == 0 && p.intermediate <= kMaxCols,
+        "activation_quantize_fp8: ", p.intermediate, " columns");
   if (p.rows == 0) return;
-  activation_kernel<<<static_cast<unsigned>(p.rows), kThreads, p.intermediate * sizeof(float), stream>>>(p);
-  cuda_check(cudaGetLastError());
+  // A cluster of up to 8 blocks a row (fewer for a row of fewer 64-blocks).
+  const auto cluster = static_cast<unsigned>(std::min<int64_t>(kActCluster, p.intermediate / kRowBlock));
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeClusterDimension;
+  attribute.val.clusterDim = {cluster, 1, 1};
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(static_cast<unsigned>(p.rows) * cluster);
+  config.blockDim = dim3(kActThreads);
+  config.stream = stream;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+  cuda_check(cudaLaunchKernelEx(&config, activation_kernel, p));
 }
 
 void activation_quantize_fp8(const ActivationArgs& p, Communicator* communicator, Tensor& amax,

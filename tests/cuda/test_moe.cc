@@ -17,6 +17,7 @@
 #include "cuda/moe_dequant.h"
 #include "cuda/moe_prefill.h"
 #include "cuda/moe_gemm_w4a8.h"
+#include "cuda/moe_quantize.h"
 #include "gpu_test_util.h"
 #include "quant/fp8_quant.h"
 #include "quant/int4.h"
@@ -417,6 +418,101 @@ TEST(MoeLayerBf16, MatchesCpuTwin) {
   EXPECT_LE(bf16_err, 1e-2);
   EXPECT_LE(f32_err, 1e-2);
   EXPECT_LE(rounding, 1e-4);
+}
+
+// activation_quantize_fp8 (a cluster of blocks a row) against its definition on the host: split-K
+// partial sums added in order, optional row × channel scaling (the prefill path, padding rows with
+// expert -1 included), the activation times up, then per-row FP8 codes, scale and per-64 sums. The
+// host's exp/erf/tanh may differ from the GPU's in the last bit, so a code may sit one step away where
+// a value lies on a rounding boundary: at most 1 in 1000 codes. Column counts with 64-blocks that do
+// not divide evenly over the cluster, and fewer 64-blocks than cluster blocks.
+float host_activate(Activation act, float x) {
+  switch (act) {
+    case Activation::kSilu: return x / (1.0f + std::exp(-x));
+    case Activation::kGelu: return 0.5f * x * (1.0f + std::erf(x * 0.70710678118654752f));
+    case Activation::kGeluTanh:
+      return 0.5f * x * (1.0f + std::tanh(0.7978845608028654f * (x + 0.044715f * x * x * x)));
+  }
+  return x;
+}
+
+TEST(ActivationQuantize, MatchesHostDefinition) {
+  SKIP_WITHOUT_GPU();
+  struct Case {
+    int64_t I, rows, max_rows, splits;
+    Activation act;
+    bool prefill;  // unscaled product with row and channel scales, every fifth row padding
+  };
+  for (const Case c : {Case{128, 1, 1, 1, Activation::kSilu, false}, Case{576, 2, 3, 3, Activation::kGelu, false},
+                       Case{14336, 2, 2, 4, Activation::kSilu, false},
+                       Case{1408, 37, 40, 2, Activation::kGeluTanh, false},
+                       Case{512, 20, 20, 1, Activation::kSilu, true}}) {
+    const int64_t I = c.I, R = c.rows, E = 3;
+    const Tensor gate_up = random_f32({c.splits, c.max_rows, 2 * I}, 21, c.prefill ? 40.0f : 0.5f);
+    const Tensor row_scale = random_f32({R}, 22, 0.05f), channel = random_f32({E, 2 * I}, 23, 0.05f);
+    std::vector<int32_t> expert(R);
+    for (int64_t r = 0; r < R; ++r) expert[r] = r % 5 == 4 ? -1 : static_cast<int32_t>(r % E);
+    // The host definition.
+    std::vector<float> values(R * I), amax(R, 0.0f);
+    for (int64_t r = 0; r < R; ++r)
+      for (int64_t i = 0; i < I; ++i) {
+        float g = 0.0f, u = 0.0f;
+        for (int64_t s = 0; s < c.splits; ++s) {
+          g += gate_up.data<float>()[(s * c.max_rows + r) * 2 * I + i];
+          u += gate_up.data<float>()[(s * c.max_rows + r) * 2 * I + I + i];
+        }
+        if (c.prefill && expert[r] >= 0) {
+          const float* ch = channel.data<float>() + expert[r] * 2 * I;
+          g = g * row_scale.data<float>()[r] * ch[i];
+          u = u * row_scale.data<float>()[r] * ch[I + i];
+        }
+        values[r * I + i] = c.prefill && expert[r] < 0 ? 0.0f : host_activate(c.act, g) * u;
+        amax[r] = std::max(amax[r], std::fabs(values[r * I + i]));
+      }
+    const Tensor d_gate_up = cuda::upload(gate_up), d_row_scale = cuda::upload(row_scale),
+                 d_channel = cuda::upload(channel), d_expert = cuda::upload(i32_tensor(expert));
+    Tensor codes = poisoned(DType::kU8, {R, I}), scale = poisoned(DType::kF32, {R}),
+           sums = poisoned(DType::kF32, {R, I / 64}), amax_out = poisoned(DType::kF32, {R});
+    cuda::ActivationArgs args{.gate_up = d_gate_up.data<float>(), .splits = c.splits, .max_rows = c.max_rows,
+                              .codes = codes.data<uint8_t>(), .scale = scale.data<float>(),
+                              .sums = sums.data<float>(), .rows = R, .intermediate = I, .activation = c.act};
+    if (c.prefill) {
+      args.row_scale = d_row_scale.data<float>();
+      args.channel_scale = d_channel.data<float>();
+      args.row_expert = d_expert.data<int32_t>();
+    }
+    cuda::activation_quantize_fp8(args, nullptr);
+    cuda::ActivationArgs amax_pass = args;
+    amax_pass.amax_out = amax_out.data<float>();
+    cuda::activation_quantize_fp8(amax_pass, nullptr);
+    const Tensor got_codes = cuda::download(codes), got_scale = cuda::download(scale),
+                 got_sums = cuda::download(sums), got_amax = cuda::download(amax_out);
+    int64_t flips = 0;
+    for (int64_t r = 0; r < R; ++r) {
+      const bool padding = c.prefill && expert[r] < 0;
+      const float want_scale = padding ? 0.0f : std::max(amax[r], kMinActivationAmax) / kFp8E4M3Max;
+      EXPECT_NEAR(got_scale.data<float>()[r], want_scale, 1e-6f * want_scale) << "I " << I << " row " << r;
+      EXPECT_NEAR(got_amax.data<float>()[r], amax[r], 1e-6f * amax[r]) << "I " << I << " row " << r;
+      for (int64_t b = 0; b < I / 64; ++b) {
+        float sum = 0.0f;  // of the GPU's own codes, which must match the host's
+        for (int64_t i = b * 64; i < b * 64 + 64; ++i) {
+          const uint8_t got = got_codes.data<uint8_t>()[r * I + i];
+          const uint8_t want = padding ? 0 : float_to_fp8_e4m3(values[r * I + i] / want_scale);
+          if (got != want) {
+            ++flips;
+            EXPECT_NEAR(fp8_e4m3_to_float(got), fp8_e4m3_to_float(want), 0.13f * std::fabs(fp8_e4m3_to_float(want)) + 0.002f)
+                << "I " << I << " row " << r << " column " << i;
+          }
+          sum += fp8_e4m3_to_float(got);
+        }
+        EXPECT_NEAR(got_sums.data<float>()[r * (I / 64) + b], sum, 1e-5f * (std::fabs(sum) + 1.0f))
+            << "I " << I << " row " << r << " block " << b;
+      }
+    }
+    std::cout << "activation I=" << I << " rows=" << R << " splits=" << c.splits << (c.prefill ? " prefill" : "")
+              << ": " << flips << " of " << R * I << " codes one step off\n";
+    EXPECT_LE(flips, R * I / 1000 + 1);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, MoeLayer,
