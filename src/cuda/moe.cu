@@ -106,12 +106,11 @@ void moe_w4a8(const Tensor& x, const MoeWeightsW4A8& w, const MoeParams& params,
   if (T == 0) return;
   const int64_t rows = T * K, slots = std::min(E, rows);
 
-  route_topk({.x = x.raw(), .router = w.router.raw(), .logits = ws.router_logits.data<float>(),
-              .topk_ids = ws.topk_ids.data<int32_t>(), .topk_weights = ws.topk_weights.data<float>(),
-              .tokens = T, .hidden = H, .experts = E, .top_k = K, .norm = params.router_norm,
-              .softcap = params.router_softcap},
-             stream);
-  group_by_expert({.topk_ids = ws.topk_ids.data<int32_t>(), .expert_offsets = ws.expert_offsets.data<int32_t>(),
+  route_and_group({.x = x.raw(), .router = w.router.raw(), .logits = ws.router_logits.data<float>(),
+                   .topk_ids = ws.topk_ids.data<int32_t>(), .topk_weights = ws.topk_weights.data<float>(),
+                   .tokens = T, .hidden = H, .experts = E, .top_k = K, .norm = params.router_norm,
+                   .softcap = params.router_softcap},
+                  {.topk_ids = ws.topk_ids.data<int32_t>(), .expert_offsets = ws.expert_offsets.data<int32_t>(),
                    .active_experts = ws.active_experts.data<int32_t>(),
                    .sorted_tokens = ws.sorted_tokens.data<int32_t>(), .row_pos = ws.row_pos.data<int32_t>(),
                    .tokens = T, .experts = E, .top_k = K},

@@ -1,4 +1,6 @@
-// Router logits, softmax top-k, and grouping by expert.
+// Router logits, softmax top-k, and grouping by expert: three kernels, or one cluster launch for
+// few tokens (decode).
+#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 
 #include <cfloat>
@@ -9,7 +11,37 @@
 namespace nibble::cuda {
 namespace {
 
+namespace cg = cooperative_groups;
+
 constexpr int kLogitWarps = 8;
+
+// A router logit is the sum of 32 lane partials (lane l: the 8-bf16 units l, l + 32, ... of the row,
+// in order) by a butterfly: both routing paths compute it exactly so, with explicit roundings (no
+// contraction left to the compiler), and so get the same logits bit for bit.
+__device__ inline float lane_partial(const uint4* x, const uint4* w, int64_t units, int lane) {
+  float sum = 0.0f;
+#pragma unroll 4
+  for (int64_t i = lane; i < units; i += 32) {
+    const uint4 xv = x[i], wv = w[i];
+    const auto* xh = reinterpret_cast<const __nv_bfloat162*>(&xv);
+    const auto* wh = reinterpret_cast<const __nv_bfloat162*>(&wv);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float2 a = __bfloat1622float2(xh[j]), b = __bfloat1622float2(wh[j]);
+      sum = __fadd_rn(sum, __fmaf_rn(a.y, b.y, __fmul_rn(a.x, b.x)));
+    }
+  }
+  return sum;
+}
+
+__device__ inline float butterfly_sum(float sum) {
+  for (int o = 16; o > 0; o /= 2) sum = __fadd_rn(sum, __shfl_xor_sync(0xFFFFFFFFu, sum, o));
+  return sum;
+}
+
+__device__ inline const uint4* row_units(const void* matrix, int64_t row, int64_t hidden) {
+  return reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(matrix) + row * hidden);
+}
 
 // Grid (T, E / 8): each warp computes one expert's logit for one token, reading 16 bytes (8 bf16) a
 // lane per step with several loads in flight, so that one token alone still spreads over the GPU.
@@ -18,30 +50,14 @@ __global__ void router_logits_kernel(const __grid_constant__ RouteArgs p) {
   const int64_t e = static_cast<int64_t>(blockIdx.y) * kLogitWarps + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (e >= p.experts) return;
-  const auto* x = reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(p.x) + t * p.hidden);
-  const auto* w = reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(p.router) + e * p.hidden);
-  float sum = 0.0f;
-#pragma unroll 4
-  for (int64_t i = lane; i < p.hidden / 8; i += 32) {
-    const uint4 xv = x[i], wv = w[i];
-    const auto* xh = reinterpret_cast<const __nv_bfloat162*>(&xv);
-    const auto* wh = reinterpret_cast<const __nv_bfloat162*>(&wv);
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const float2 a = __bfloat1622float2(xh[j]), b = __bfloat1622float2(wh[j]);
-      sum += a.x * b.x + a.y * b.y;
-    }
-  }
-  for (int o = 16; o > 0; o /= 2) sum += __shfl_xor_sync(0xFFFFFFFFu, sum, o);
+  const float sum =
+      butterfly_sum(lane_partial(row_units(p.x, t, p.hidden), row_units(p.router, e, p.hidden), p.hidden / 8, lane));
   if (lane == 0) p.logits[t * p.experts + e] = sum;
 }
 
-// One warp per token: optional soft-cap, softmax over E, then K rounds of a warp-wide argmax.
-__global__ void topk_kernel(const __grid_constant__ RouteArgs p) {
+// One warp, token t: optional soft-cap, softmax over E, then K rounds of a warp-wide argmax.
+__device__ void topk_token(const RouteArgs& p, int64_t t, int lane) {
   constexpr int kPerLane = kMaxExperts / 32;
-  const int64_t t = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  if (t >= p.tokens) return;
   float prob[kPerLane];
   float max_logit = -FLT_MAX;
 #pragma unroll
@@ -90,12 +106,17 @@ __global__ void topk_kernel(const __grid_constant__ RouteArgs p) {
   }
 }
 
+// One warp per token.
+__global__ void topk_kernel(const __grid_constant__ RouteArgs p) {
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+  if (t < p.tokens) topk_token(p, t, static_cast<int>(threadIdx.x % 32));
+}
+
 constexpr int kGroupThreads = 1024;
 
-// One block: counts, offsets and the active list, then each pair's sorted position.
-__global__ void __launch_bounds__(kGroupThreads) group_kernel(const __grid_constant__ GroupArgs p) {
-  __shared__ int counts[kMaxExperts];
-  __shared__ int cursor[kMaxExperts];
+// One block (any size): counts, offsets and the active list, then each pair's sorted position.
+// counts, cursor: shared memory of kMaxExperts ints each.
+__device__ void group_pairs(const GroupArgs& p, int* counts, int* cursor) {
   const int64_t pairs = p.tokens * p.top_k;
   for (int e = threadIdx.x; e < p.experts; e += blockDim.x) counts[e] = 0;
   __syncthreads();
@@ -121,7 +142,83 @@ __global__ void __launch_bounds__(kGroupThreads) group_kernel(const __grid_const
   }
 }
 
+__global__ void __launch_bounds__(kGroupThreads) group_kernel(const __grid_constant__ GroupArgs p) {
+  __shared__ int counts[kMaxExperts];
+  __shared__ int cursor[kMaxExperts];
+  group_pairs(p, counts, cursor);
+}
+
+// Routing and grouping of a few tokens in one launch, on one cluster of kRouteCluster blocks. The
+// lane partials of every (token, expert) pair (32 a pair) are spread over the cluster's threads, a
+// thread a partial; block 0 gathers each pair's 32 through distributed shared memory into a warp and
+// sums them by the same butterfly (the logits of router_logits_kernel, bit for bit), then takes the
+// top-k of each token and groups the pairs by expert.
+constexpr int kRouteCluster = 8;
+constexpr int kRouteThreads = 256;
+constexpr int64_t kMaxFusedPairs = 1024;  // tokens × experts
+constexpr int64_t kMaxBlockPartials = kMaxFusedPairs * 32 / kRouteCluster;
+
+struct RouteGroupArgs {
+  RouteArgs route;
+  GroupArgs group;
+};
+
+__global__ void __launch_bounds__(kRouteThreads) route_group_kernel(const __grid_constant__ RouteGroupArgs a) {
+  __shared__ float partial[kMaxBlockPartials];  // lane partials [q·per, (q + 1)·per) of (T, E, 32)
+  __shared__ int counts[kMaxExperts];
+  __shared__ int cursor[kMaxExperts];
+  const RouteArgs& p = a.route;
+  cg::cluster_group cluster = cg::this_cluster();
+  const int64_t C = cluster.num_blocks(), q = cluster.block_rank();
+  const int64_t pairs = p.tokens * p.experts, partials = pairs * 32, per = (partials + C - 1) / C;
+  for (int64_t i = q * per + threadIdx.x; i < min(partials, (q + 1) * per); i += blockDim.x) {
+    const int64_t pair = i / 32;
+    partial[i - q * per] = lane_partial(row_units(p.x, pair / p.experts, p.hidden),
+                                        row_units(p.router, pair % p.experts, p.hidden), p.hidden / 8,
+                                        static_cast<int>(i % 32));
+  }
+  cluster.sync();  // every block's partials written
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+  if (q == 0) {
+    for (int64_t pair = warp; pair < pairs; pair += warps) {
+      const int64_t i = pair * 32 + lane;
+      const float sum = butterfly_sum(*cluster.map_shared_rank(&partial[i % per], static_cast<unsigned>(i / per)));
+      if (lane == 0) p.logits[pair] = sum;
+    }
+  }
+  cluster.sync();  // block 0 done reading the others' shared memory; the other blocks may leave
+  if (q != 0) return;
+  for (int64_t t = warp; t < p.tokens; t += warps) topk_token(p, t, lane);
+  __syncthreads();  // the top-k ids written (global memory, read back by this block)
+  group_pairs(a.group, counts, cursor);
+}
+
 }  // namespace
+
+void route_and_group(const RouteArgs& route, const GroupArgs& group, cudaStream_t stream) {
+  check(route.tokens == group.tokens && route.experts == group.experts && route.top_k == group.top_k &&
+            route.topk_ids == group.topk_ids,
+        "route_and_group: the routing and grouping arguments disagree");
+  if (route.tokens * route.experts > kMaxFusedPairs || route.tokens == 0) {
+    route_topk(route, stream);
+    return group_by_expert(group, stream);
+  }
+  check(route.experts >= 1 && route.experts <= kMaxExperts, "route_and_group: ", route.experts,
+        " experts (at most ", kMaxExperts, ")");
+  check(route.top_k >= 1 && route.top_k <= kMaxTopK && route.top_k <= route.experts, "route_and_group: top_k ",
+        route.top_k);
+  check(route.hidden % 8 == 0, "route_and_group: hidden size ", route.hidden, " is not a multiple of 8");
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeClusterDimension;
+  attribute.val.clusterDim = {kRouteCluster, 1, 1};
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(kRouteCluster);
+  config.blockDim = dim3(kRouteThreads);
+  config.stream = stream;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+  cuda_check(cudaLaunchKernelEx(&config, route_group_kernel, RouteGroupArgs{.route = route, .group = group}));
+}
 
 void route_topk(const RouteArgs& p, cudaStream_t stream) {
   check(p.experts >= 1 && p.experts <= kMaxExperts, "route_topk: ", p.experts, " experts (at most ", kMaxExperts, ")");

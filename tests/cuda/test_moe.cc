@@ -18,6 +18,7 @@
 #include "cuda/moe_prefill.h"
 #include "cuda/moe_gemm_w4a8.h"
 #include "cuda/moe_quantize.h"
+#include "cuda/moe_route.h"
 #include "gpu_test_util.h"
 #include "quant/fp8_quant.h"
 #include "quant/int4.h"
@@ -418,6 +419,113 @@ TEST(MoeLayerBf16, MatchesCpuTwin) {
   EXPECT_LE(bf16_err, 1e-2);
   EXPECT_LE(f32_err, 1e-2);
   EXPECT_LE(rounding, 1e-4);
+}
+
+// route_and_group (one cluster launch for few tokens, else three kernels) against route_topk +
+// group_by_expert (the same logits, ids and weights bit for bit) and against the routing defined on
+// the host in double (soft-cap, softmax, top-k with ties to the lower id, optional renormalization);
+// the grouping checked against its definition (each expert's rows contiguous in id order, every pair
+// exactly once). Against the host, tokens whose k-th and (k+1)-th probabilities are within 1e-5 may
+// pick either. 128 tokens of 8 experts is the largest one-launch case, 129 the smallest other one.
+TEST(RouteAndGroup, MatchesHostRouting) {
+  SKIP_WITHOUT_GPU();
+  struct Case {
+    int64_t E, H, T, K;
+    RouterNorm norm;
+    float softcap;
+  };
+  for (const Case c : {Case{8, 4096, 1, 2, RouterNorm::kRenormalize, 0.0f}, Case{8, 4096, 32, 2, RouterNorm::kRenormalize, 0.0f},
+                       Case{8, 4096, 128, 2, RouterNorm::kRenormalize, 0.0f}, Case{8, 4096, 129, 2, RouterNorm::kRenormalize, 0.0f},
+                       Case{256, 512, 4, 8, RouterNorm::kRenormalize, 0.0f}, Case{64, 1040, 13, 2, RouterNorm::kNone, 2.0f}}) {
+    const int64_t E = c.E, H = c.H, T = c.T, K = c.K;
+    const Tensor x = to_bf16(random_f32({T, H}, 31)), router = to_bf16(random_f32({E, H}, 32, 0.05f));
+    const Tensor xf = to_f32(x), rf = to_f32(router);
+    const Tensor d_x = cuda::upload(x), d_router = cuda::upload(router);
+    auto route = [&](bool fused) {
+      struct Out {
+        Tensor logits, ids, weights, offsets, active, sorted, pos;
+      } o{poisoned(DType::kF32, {T, E}), poisoned(DType::kI32, {T, K}), poisoned(DType::kF32, {T, K}),
+          poisoned(DType::kI32, {E + 1}), poisoned(DType::kI32, {E + 1}), poisoned(DType::kI32, {T * K}),
+          poisoned(DType::kI32, {T * K})};
+      const cuda::RouteArgs r{.x = d_x.raw(), .router = d_router.raw(), .logits = o.logits.data<float>(),
+                              .topk_ids = o.ids.data<int32_t>(), .topk_weights = o.weights.data<float>(),
+                              .tokens = T, .hidden = H, .experts = E, .top_k = K, .norm = c.norm, .softcap = c.softcap};
+      const cuda::GroupArgs g{.topk_ids = o.ids.data<int32_t>(), .expert_offsets = o.offsets.data<int32_t>(),
+                              .active_experts = o.active.data<int32_t>(), .sorted_tokens = o.sorted.data<int32_t>(),
+                              .row_pos = o.pos.data<int32_t>(), .tokens = T, .experts = E, .top_k = K};
+      if (fused) {
+        cuda::route_and_group(r, g, nullptr);
+      } else {
+        cuda::route_topk(r, nullptr);
+        cuda::group_by_expert(g, nullptr);
+      }
+      return Out{cuda::download(o.logits), cuda::download(o.ids), cuda::download(o.weights), cuda::download(o.offsets),
+                 cuda::download(o.active), cuda::download(o.sorted), cuda::download(o.pos)};
+    };
+    const auto got = route(true), plain = route(false);
+    int64_t ties = 0;
+    for (int64_t t = 0; t < T; ++t) {
+      std::vector<double> prob(E);
+      double mx = -1e300;
+      for (int64_t e = 0; e < E; ++e) {
+        double l = 0;
+        for (int64_t h = 0; h < H; ++h) l += double{xf.data<float>()[t * H + h]} * rf.data<float>()[e * H + h];
+        EXPECT_NEAR(got.logits.data<float>()[t * E + e], l, 1e-5 * (std::fabs(l) + 1)) << "token " << t;
+        EXPECT_EQ(got.logits.data<float>()[t * E + e], plain.logits.data<float>()[t * E + e]) << "token " << t;
+        if (c.softcap > 0) l = c.softcap * std::tanh(l / c.softcap);
+        prob[e] = l;
+        mx = std::max(mx, l);
+      }
+      double sum = 0;
+      for (double& v : prob) sum += v = std::exp(v - mx);
+      for (double& v : prob) v /= sum;
+      for (int64_t k = 0; k < K; ++k) {  // the one-launch path computes exactly what the three kernels do
+        EXPECT_EQ(got.ids.data<int32_t>()[t * K + k], plain.ids.data<int32_t>()[t * K + k]) << "token " << t;
+        EXPECT_EQ(got.weights.data<float>()[t * K + k], plain.weights.data<float>()[t * K + k]) << "token " << t;
+      }
+      std::vector<int64_t> order(E);
+      std::iota(order.begin(), order.end(), 0);
+      std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return prob[a] > prob[b]; });
+      if (K < E && prob[order[K - 1]] - prob[order[K]] < 1e-5) {
+        ++ties;
+        continue;
+      }
+      double top = 0;
+      for (int64_t k = 0; k < K; ++k) top += prob[order[k]];
+      for (int64_t k = 0; k < K; ++k) {
+        const double want = c.norm == RouterNorm::kRenormalize ? prob[order[k]] / top : prob[order[k]];
+        // Within the top k the order may swap where two probabilities are this close.
+        if (k + 1 < K && prob[order[k]] - prob[order[k + 1]] < 1e-5) continue;
+        if (k > 0 && prob[order[k - 1]] - prob[order[k]] < 1e-5) continue;
+        EXPECT_EQ(got.ids.data<int32_t>()[t * K + k], order[k]) << "token " << t << " k " << k;
+        EXPECT_NEAR(got.weights.data<float>()[t * K + k], want, 1e-5) << "token " << t << " k " << k;
+      }
+    }
+    // The grouping of the fused run, from its own top-k ids.
+    std::vector<int32_t> counts(E, 0);
+    for (int64_t i = 0; i < T * K; ++i) ++counts[got.ids.data<int32_t>()[i]];
+    int32_t offset = 0, active = 0;
+    for (int64_t e = 0; e < E; ++e) {
+      EXPECT_EQ(got.offsets.data<int32_t>()[e], offset) << "expert " << e;
+      if (counts[e] > 0) {
+        EXPECT_EQ(got.active.data<int32_t>()[active++], e);
+      }
+      offset += counts[e];
+    }
+    EXPECT_EQ(got.offsets.data<int32_t>()[E], T * K);
+    EXPECT_EQ(got.active.data<int32_t>()[E], active);
+    std::vector<int> seen(T * K, 0);
+    for (int64_t i = 0; i < T * K; ++i) {
+      const int32_t pos = got.pos.data<int32_t>()[i], e = got.ids.data<int32_t>()[i];
+      ASSERT_TRUE(pos >= got.offsets.data<int32_t>()[e] && pos < got.offsets.data<int32_t>()[e + 1]) << "pair " << i;
+      ++seen[pos];
+      EXPECT_EQ(got.sorted.data<int32_t>()[pos], i / K) << "pair " << i;
+    }
+    EXPECT_EQ(std::count(seen.begin(), seen.end(), 1), T * K);
+    std::cout << "route E=" << E << " H=" << H << " T=" << T << " top-k=" << K << ": " << ties
+              << " near-tied tokens skipped\n";
+    EXPECT_LE(ties, T / 10 + 1);
+  }
 }
 
 // activation_quantize_fp8 (a cluster of blocks a row) against its definition on the host: split-K
