@@ -1,7 +1,7 @@
-// Embedding, RMSNorm, residual add, scale and rotary embedding kernels: fp32 math, the F32 residual
-// stream and BF16 activations of ops.h. Built for decode latency (a few hundred KB an op): every
-// thread moves 16-byte vectors of 8 elements, RMSNorm keeps its row in registers and reads it once,
-// RoPE runs one thread per 8 rotated pairs of a head. The arithmetic is the CPU twins' (src/cpu).
+// Embedding, RMSNorm (alone or after the residual add), residual add, scale and rotary embedding
+// kernels: fp32 math, the F32 residual stream and BF16 activations of ops.h. Built for decode latency
+// (a few hundred KB an op): every thread moves 16-byte vectors of 8 elements, RMSNorm keeps its row in
+// registers and reads it once, RoPE runs one thread per 8 rotated pairs of a head. The arithmetic is the CPU twins' (src/cpu).
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -66,10 +66,13 @@ __global__ void gather_kernel(const bf16* x, const int32_t* rows, bf16* out, int
 // out BF16 (T, H) = x / rms(x) × weight for x F32 (T, H). One block a row; thread i holds units i,
 // i + blockDim, ... (kUnits at most, 8 elements each) of x and of the weight in registers from the
 // one read (both loads issued before the reduction) to the store. inv = 1 / sqrt(Σx² / H + eps) as
-// the CPU computes it; Σ over a warp-shuffle tree.
-template <int kUnits>
-__global__ void __launch_bounds__(512) rms_norm_kernel(const float* x, const bf16* weight, float eps, bf16* out,
-                                                       int64_t hidden) {
+// the CPU computes it; Σ over a warp-shuffle tree. With y (F32 or BF16, (T, H)) the residual add
+// comes first: x += y is stored back to x_sum (x itself) and normalized, the same fp32 values as add
+// then rms_norm. out may alias y: every y element is read before the block's barrier and written
+// after it by the thread that read it.
+template <int kUnits, typename Y>
+__global__ void __launch_bounds__(512) rms_norm_kernel(const float* x, const Y* y, float* x_sum, const bf16* weight,
+                                                       float eps, bf16* out, int64_t hidden) {
   __shared__ float warp_sums[32];
   const int64_t units = hidden / kVec;
   const float* row = x + blockIdx.x * hidden;
@@ -82,6 +85,13 @@ __global__ void __launch_bounds__(512) rms_norm_kernel(const float* x, const bf1
     if (unit < units) {
       load8(row + unit * kVec, v[u]);
       w_raw[u] = *reinterpret_cast<const uint4*>(weight + unit * kVec);
+      if (y != nullptr) {
+        float add[kVec];
+        load8(y + blockIdx.x * hidden + unit * kVec, add);
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) v[u][j] += add[j];
+        store8(x_sum + blockIdx.x * hidden + unit * kVec, v[u]);
+      }
 #pragma unroll
       for (int j = 0; j < kVec; ++j) sum += v[u][j] * v[u][j];
     }
@@ -159,10 +169,51 @@ unsigned blocks_for(int64_t threads_total, int threads) {
   return static_cast<unsigned>((threads_total + threads - 1) / threads);
 }
 
+// y: nullptr (rms_norm alone) or the F32/BF16 tensor added to x first.
 template <int kUnits>
-void launch_rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out, int threads, cudaStream_t stream) {
-  rms_norm_kernel<kUnits><<<static_cast<unsigned>(x.dim(0)), threads, 0, stream>>>(
-      x.data<float>(), weight.data<bf16>(), eps, out.data<bf16>(), x.dim(1));
+void launch_rms_norm(const Tensor& x, const Tensor* y, const Tensor& weight, float eps, Tensor& out, int threads,
+                     cudaStream_t stream) {
+  const auto blocks = static_cast<unsigned>(x.dim(0));
+  float* x_sum = y == nullptr ? nullptr : x.data<float>();  // x += y is stored back into x
+  if (y == nullptr || y->dtype() == DType::kF32)
+    rms_norm_kernel<kUnits, float><<<blocks, threads, 0, stream>>>(
+        x.data<float>(), y == nullptr ? nullptr : y->data<float>(), x_sum, weight.data<bf16>(), eps, out.data<bf16>(),
+        x.dim(1));
+  else
+    rms_norm_kernel<kUnits, bf16><<<blocks, threads, 0, stream>>>(x.data<float>(), y->data<bf16>(), x_sum,
+                                                                   weight.data<bf16>(), eps, out.data<bf16>(), x.dim(1));
+}
+
+// rms_norm, after x += y when y is given.
+void launch_norm(const Tensor& x, const Tensor* y, const Tensor& weight, float eps, Tensor& out,
+                 cudaStream_t stream) {
+  expect(weight, DType::kBF16, {-1}, "rms_norm weight");
+  expect(x, DType::kF32, {-1, weight.dim(0)}, "rms_norm input");
+  expect(out, DType::kBF16, x.shape(), "rms_norm output");
+  const int64_t H = x.dim(1), units = H / kVec;
+  check(H > 0 && H % kVec == 0 && aligned16(x.raw()) && aligned16(weight.raw()) && aligned16(out.raw()),
+        "rms_norm: hidden size ", H, " is not a multiple of ", kVec, " or a tensor is not 16-byte aligned");
+  if (y != nullptr) {
+    check(y->dtype() == DType::kF32 || y->dtype() == DType::kBF16, "add_rms_norm: y ", y->describe(),
+          " is not F32 or BF16");
+    expect(*y, y->dtype(), x.shape(), "add_rms_norm y");
+    check(aligned16(y->raw()), "add_rms_norm: y is not 16-byte aligned");
+  }
+  // 256 threads (fewer for a small row) holding up to 8 units each: H <= 16384; 512 threads above.
+  int threads = static_cast<int>(std::min<int64_t>(256, (units + 31) / 32 * 32));
+  if (units > int64_t{256} * 8) threads = 512;
+  const int64_t per_thread = (units + threads - 1) / threads;
+  check(per_thread <= 8, "rms_norm: hidden size ", H, " is larger than ", 512 * 8 * kVec);
+  if (x.dim(0) == 0) return;
+  if (per_thread <= 1)
+    launch_rms_norm<1>(x, y, weight, eps, out, threads, stream);
+  else if (per_thread <= 2)
+    launch_rms_norm<2>(x, y, weight, eps, out, threads, stream);
+  else if (per_thread <= 4)
+    launch_rms_norm<4>(x, y, weight, eps, out, threads, stream);
+  else
+    launch_rms_norm<8>(x, y, weight, eps, out, threads, stream);
+  cuda_check(cudaGetLastError());
 }
 
 }  // namespace
@@ -189,27 +240,11 @@ void gather_rows(const Tensor& x, const Tensor& rows, Tensor& out, cudaStream_t 
 }
 
 void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out, cudaStream_t stream) {
-  expect(weight, DType::kBF16, {-1}, "rms_norm weight");
-  expect(x, DType::kF32, {-1, weight.dim(0)}, "rms_norm input");
-  expect(out, DType::kBF16, x.shape(), "rms_norm output");
-  const int64_t H = x.dim(1), units = H / kVec;
-  check(H > 0 && H % kVec == 0 && aligned16(x.raw()) && aligned16(weight.raw()) && aligned16(out.raw()),
-        "rms_norm: hidden size ", H, " is not a multiple of ", kVec, " or a tensor is not 16-byte aligned");
-  // 256 threads (fewer for a small row) holding up to 8 units each: H <= 16384; 512 threads above.
-  int threads = static_cast<int>(std::min<int64_t>(256, (units + 31) / 32 * 32));
-  if (units > int64_t{256} * 8) threads = 512;
-  const int64_t per_thread = (units + threads - 1) / threads;
-  check(per_thread <= 8, "rms_norm: hidden size ", H, " is larger than ", 512 * 8 * kVec);
-  if (x.dim(0) == 0) return;
-  if (per_thread <= 1)
-    launch_rms_norm<1>(x, weight, eps, out, threads, stream);
-  else if (per_thread <= 2)
-    launch_rms_norm<2>(x, weight, eps, out, threads, stream);
-  else if (per_thread <= 4)
-    launch_rms_norm<4>(x, weight, eps, out, threads, stream);
-  else
-    launch_rms_norm<8>(x, weight, eps, out, threads, stream);
-  cuda_check(cudaGetLastError());
+  launch_norm(x, nullptr, weight, eps, out, stream);
+}
+
+void add_rms_norm(Tensor& x, const Tensor& y, const Tensor& weight, float eps, Tensor& out, cudaStream_t stream) {
+  launch_norm(x, &y, weight, eps, out, stream);
 }
 
 void residual_add(Tensor& x, const Tensor& y, cudaStream_t stream) {

@@ -16,6 +16,9 @@ void gather_rows(const Tensor& x, const Tensor& rows, Tensor& out, cudaStream_t 
 void embedding(const Tensor& ids, const Tensor& table, Tensor& out, cudaStream_t stream);
 // out BF16 (T, H) = x / rms(x) × weight for x F32 (T, H), weight BF16 (H); H <= 32768.
 void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out, cudaStream_t stream);
+// x F32 (T, H) += y (F32 or BF16, (T, H)), then out = rms_norm(x) as above, in one kernel: the same
+// values as residual_add then rms_norm. out may be y.
+void add_rms_norm(Tensor& x, const Tensor& y, const Tensor& weight, float eps, Tensor& out, cudaStream_t stream);
 // x F32 += y, y F32 or BF16 (same element count), in fp32 with nothing rounded.
 void residual_add(Tensor& x, const Tensor& y, cudaStream_t stream);
 // x *= factor, for F32 x.

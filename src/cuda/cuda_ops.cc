@@ -112,6 +112,10 @@ void CudaOps::rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor&
 
 void CudaOps::add(Tensor& x, const Tensor& y) { residual_add(x, y, stream_); }
 
+void CudaOps::add_rms_norm(Tensor& x, const Tensor& y, const Tensor& weight, float eps, Tensor& out) {
+  cuda::add_rms_norm(x, y, weight, eps, out, stream_);
+}
+
 void CudaOps::scale(Tensor& x, float factor) { cuda::scale(x, factor, stream_); }
 
 void CudaOps::argmax(const Tensor& x, Tensor& out) { argmax_rows(x, out, stream_); }

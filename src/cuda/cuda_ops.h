@@ -38,6 +38,7 @@ class CudaOps final : public Ops {
   void embedding(const Tensor& ids, const Tensor& table, Tensor& out) override;
   void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) override;
   void add(Tensor& x, const Tensor& y) override;
+  void add_rms_norm(Tensor& x, const Tensor& y, const Tensor& weight, float eps, Tensor& out) override;
   void scale(Tensor& x, float factor) override;
   void argmax(const Tensor& x, Tensor& out) override;
   void linear(const Tensor& x, const Linear& w, Tensor& out, Communicator* row_group = nullptr) override;

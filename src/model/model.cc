@@ -69,20 +69,23 @@ Tensor Model::forward(const ForwardBatch& batch, KvCache& cache) {
   const auto all_reduce = [&] {
     if (tp_group != nullptr) tp_group->all_reduce_sum(y);
   };
-  // x += y, or x += post_norm(y) with sandwich norms (its output h in the activation dtype).
-  const auto residual_add = [&](const Tensor& post_norm) {
+  // x += y, or x += post_norm(y) with sandwich norms (its output h in the activation dtype); then h =
+  // next_norm(x), the norm that follows every residual add, fused with the add where the backend can.
+  const auto residual_add_norm = [&](const Tensor& post_norm, const Tensor& next_norm) {
     if (sandwich) {
       ops_.rms_norm(y, post_norm, eps, h);
-      ops_.add(x, h);
+      ops_.add_rms_norm(x, h, next_norm, eps, h);
     } else {
-      ops_.add(x, y);
+      ops_.add_rms_norm(x, y, next_norm, eps, h);
     }
   };
+  const int64_t layers = c.num_hidden_layers;
 
   ops_.embedding(batch.token_ids, weights_.embed_tokens, x);
   if (c.embedding_multiplier_scale != 1.0)
     ops_.scale(x, static_cast<float>(c.embedding_multiplier_scale));
-  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+  ops_.rms_norm(x, layers > 0 ? weights_.layers[0].pre_attn_norm : weights_.norm, eps, h);
+  for (int64_t i = 0; i < layers; ++i) {
     const LayerWeights& layer = weights_.layers[i];
     const AttentionParams attention{.num_heads = c.num_attention_heads,
                                     .num_kv_heads = c.num_key_value_heads,
@@ -92,20 +95,18 @@ Tensor Model::forward(const ForwardBatch& batch, KvCache& cache) {
                                     .v_scale = layer.attention.v_scale,
                                     .logit_softcap = static_cast<float>(c.attn_logit_softcapping)};
 
-    ops_.rms_norm(x, layer.pre_attn_norm, eps, h);
+    // h = pre_attn_norm(x), from the step before.
     ops_.linear(h, layer.attention.qkv_proj, qkv);
     ops_.rope(qkv, batch.positions, attention, c.rope_theta);
     ops_.attention(qkv, cache.layers[i], cache.dtype, batch, attention, attn);
     ops_.linear(attn, layer.attention.o_proj, y, tp_group);
     all_reduce();
-    residual_add(layer.post_attn_norm);
+    residual_add_norm(layer.post_attn_norm, layer.pre_moe_norm);
 
-    ops_.rms_norm(x, layer.pre_moe_norm, eps, h);
     ops_.moe(h, layer.moe, moe, y);
     all_reduce();
-    residual_add(layer.post_moe_norm);
+    residual_add_norm(layer.post_moe_norm, i + 1 < layers ? weights_.layers[i + 1].pre_attn_norm : weights_.norm);
   }
-  ops_.rms_norm(x, weights_.norm, eps, h);
   Tensor logits = ops_.empty(DType::kF32, {batch.logit_rows.dim(0), c.vocab_size});
   ops_.logits(h, batch.logit_rows, weights_.lm_head, logits);
   if (c.output_multiplier_scale != 1.0)

@@ -36,6 +36,11 @@ void Ops::argmax(const Tensor& x, Tensor& out) {
   }
 }
 
+void Ops::add_rms_norm(Tensor& x, const Tensor& y, const Tensor& weight, float eps, Tensor& out) {
+  add(x, y);
+  rms_norm(x, weight, eps, out);
+}
+
 std::unique_ptr<RecordedStep> Ops::record(const std::function<void()>& /*step*/) { return nullptr; }
 
 }  // namespace nibble

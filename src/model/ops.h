@@ -98,6 +98,10 @@ class Ops {
   // x (T, H) F32 += y (T, H): y F32 (a sublayer's sum, under tensor parallelism over the ranks) or in
   // the activation dtype (Grok-1's post-norm output). Nothing is rounded.
   virtual void add(Tensor& x, const Tensor& y) = 0;
+  // x += y, then out = rms_norm(x, weight, eps): the residual add and the norm after it, which a
+  // backend may fuse (the default calls add then rms_norm). out may be y itself (Grok-1's post-norm
+  // output added to x and then replaced by the next norm's output).
+  virtual void add_rms_norm(Tensor& x, const Tensor& y, const Tensor& weight, float eps, Tensor& out);
   // x *= factor, for F32 x (the residual stream, logits), any shape.
   virtual void scale(Tensor& x, float factor) = 0;
   // out (T, out_features) = x (T, in_features) · Wᵀ, x in the activation dtype; quantized formats

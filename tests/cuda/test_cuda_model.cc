@@ -83,6 +83,46 @@ TEST(CudaOpsTwin, RmsNormF32Stream) {
     }
 }
 
+// The fused residual add + RMSNorm (CudaOps::add_rms_norm, one kernel) against the default it
+// overrides (Ops::add_rms_norm: add then rms_norm, two kernels) on the same GPU: the same fp32 sums in
+// the same order, so x and the output are bitwise equal; and against the BF16-activation twin as
+// RmsNormF32Stream bounds it. y F32 (a sublayer sum), BF16 (Grok-1's post-norm output), and BF16 with
+// the output written over y itself (the forward pass's sandwich layout), output poisoned, at every
+// row length the kernel sizes differently.
+TEST(CudaOpsTwin, AddRmsNormF32Stream) {
+  SKIP_WITHOUT_GPU();
+  Bf16ActivationOps twin;
+  cuda::CudaOps gpu;
+  enum class YKind { kF32, kBf16, kBf16IntoOut };
+  for (const int64_t H : {64, 1024, 4096, 6144, 20480})
+    for (const int64_t T : {1, 37})
+      for (const YKind kind : {YKind::kF32, YKind::kBf16, YKind::kBf16IntoOut}) {
+        const Tensor x = random_f32({T, H}, static_cast<uint32_t>(H + T));
+        const Tensor y = kind == YKind::kF32 ? random_f32({T, H}, 7) : to_bf16(random_f32({T, H}, 7));
+        const Tensor w = to_bf16(random_f32({H}, 3, 0.5f));
+        const Tensor gw = gpu.upload(w);
+        // The default: two kernels.
+        Tensor ref_x = gpu.upload(x), ref_y = gpu.upload(y), ref_out = testing::poisoned(DType::kBF16, {T, H});
+        Tensor& ref_dst = kind == YKind::kBf16IntoOut ? ref_y : ref_out;
+        gpu.Ops::add_rms_norm(ref_x, ref_y, gw, 1e-5f, ref_dst);
+        // The fused kernel.
+        Tensor got_x = gpu.upload(x), got_y = gpu.upload(y), got_out = testing::poisoned(DType::kBF16, {T, H});
+        Tensor& got_dst = kind == YKind::kBf16IntoOut ? got_y : got_out;
+        gpu.add_rms_norm(got_x, got_y, gw, 1e-5f, got_dst);
+        // The twin (host).
+        Tensor twin_x = to_f32(x), twin_out = twin.empty(DType::kBF16, {T, H});
+        twin.add_rms_norm(twin_x, y, w, 1e-5f, twin_out);
+        const char* name = kind == YKind::kF32 ? "F32 y" : kind == YKind::kBf16 ? "BF16 y" : "BF16 y into out";
+        EXPECT_EQ(compare_f32(cuda::download(ref_x), got_x), 0.0) << name << " H " << H << " T " << T;
+        EXPECT_EQ(compare_f32(cuda::download(ref_dst), got_dst), 0.0) << name << " H " << H << " T " << T;
+        const double vs_twin = compare_f32(twin_out, got_dst);
+        std::cout << "add_rms_norm " << name << " H=" << H << " T=" << T << ": relative L2 against the twin "
+                  << vs_twin << "\n";
+        EXPECT_LE(vs_twin, 2e-4) << name << " H " << H << " T " << T;
+        EXPECT_EQ(compare_f32(twin_x, got_x), 0.0) << name << " H " << H << " T " << T;
+      }
+}
+
 // The residual add into the F32 stream (of an F32 sublayer sum, or of Grok-1's BF16 post-norm
 // output: exact, the same single fp32 addition as the CPU) and the embedding into it (BF16 table
 // values, exact), output poisoned.
