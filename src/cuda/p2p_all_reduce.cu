@@ -160,15 +160,11 @@ __device__ inline void reduce_out(const P2pParams& p, std::size_t half_offset, i
 template <typename T, P2pOp kOp>
 __global__ void __launch_bounds__(kThreads)
     p2p_all_reduce_kernel(const __grid_constant__ P2pParams p) {
-  __shared__ uint64_t epoch_shared;
   __shared__ int aborted;
   const int b = blockIdx.x;
-  if (threadIdx.x == 0) {
-    epoch_shared = p.epochs[b] + 1;
-    aborted = 0;
-  }
-  __syncthreads();
-  const uint64_t epoch = epoch_shared;
+  // Read by every thread before the barrier below; thread 0 writes it back at the very end.
+  const uint64_t epoch = p.epochs[b] + 1;
+  if (threadIdx.x == 0) aborted = 0;
   const std::size_t half_offset = (epoch % 2) * kP2pMaxBytes;
 
   // This block's packs [begin, end) (the same on every rank); the last block also takes the tail.
