@@ -3,6 +3,7 @@
 #include <cuda_fp8.h>
 
 #include <algorithm>
+#include <cstdint>
 
 #include "cuda/cuda_check.h"
 #include "cuda/device.h"
@@ -19,22 +20,36 @@ struct ScaleArgs {
   const float* x_scale;  // (T)
   const float* w_scale;  // (N)
   void* out;             // (T, N) BF16 or F32
-  bool out_f32;
-  int64_t tokens, n;
+  int64_t tokens, n;     // N % 4 == 0; product, w_scale and out 16-byte aligned
 };
 
-// out = product · x_scale[t] · w_scale[n], four elements a thread.
-__global__ void scale_product_kernel(const __grid_constant__ ScaleArgs p) {
-  const int64_t total = p.tokens * p.n;
-  for (int64_t i = 4 * (blockIdx.x * int64_t{blockDim.x} + threadIdx.x); i < total;
-       i += 4 * int64_t{gridDim.x} * blockDim.x) {
-    for (int64_t j = i; j < i + 4 && j < total; ++j) {
-      const float y = p.product[j] * p.x_scale[j / p.n] * p.w_scale[j % p.n];
-      if (p.out_f32)
-        static_cast<float*>(p.out)[j] = y;
-      else
-        static_cast<__nv_bfloat16*>(p.out)[j] = __float2bfloat16_rn(y);
-    }
+constexpr int kScaleThreads = 128;
+
+__device__ inline void store4(float* p, const float (&v)[4]) {
+  *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
+}
+
+__device__ inline void store4(__nv_bfloat16* p, const float (&v)[4]) {
+  uint2 u;
+  auto* pairs = reinterpret_cast<__nv_bfloat162*>(&u);
+  pairs[0] = __floats2bfloat162_rn(v[0], v[1]);
+  pairs[1] = __floats2bfloat162_rn(v[2], v[3]);
+  *reinterpret_cast<uint2*>(p) = u;
+}
+
+// out = product · x_scale[t] · w_scale[n] (in that order, as the CPU twin), rounded once for BF16.
+// Grid (N / 4 / kScaleThreads rounded up, up to 65535 rows): a thread takes 4 columns (16-byte
+// loads) of rows blockIdx.y, + gridDim.y, ..., with its 4 weight scales loaded once.
+template <typename Out>
+__global__ void __launch_bounds__(kScaleThreads) scale_product_kernel(const __grid_constant__ ScaleArgs p) {
+  const int64_t c = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) * 4;
+  if (c >= p.n) return;
+  const float4 ws = *reinterpret_cast<const float4*>(p.w_scale + c);
+  for (int64_t t = blockIdx.y; t < p.tokens; t += gridDim.y) {
+    const float xs = p.x_scale[t];
+    const float4 v = *reinterpret_cast<const float4*>(p.product + t * p.n + c);
+    const float y[4] = {v.x * xs * ws.x, v.y * xs * ws.y, v.z * xs * ws.z, v.w * xs * ws.w};
+    store4(static_cast<Out*>(p.out) + t * p.n + c, y);
   }
 }
 
@@ -87,11 +102,17 @@ void linear(const Tensor& x, const Linear& w, Tensor& out, cublasHandle_t handle
   auto& plan = ws.plans[{N, T, K}];
   if (!plan) plan = std::make_unique<LtFp8Gemm>(ws.lt, N, T, K, kLtScratchBytes, DType::kF32);
   plan->run(w.weight.raw(), ws.x_fp8.raw(), ws.product.raw(), 1.0f, ws.lt_scratch.raw(), stream);
-  const auto blocks = static_cast<unsigned>(std::min<int64_t>((T * N / 4 + 255) / 256 + 1, 4096));
-  scale_product_kernel<<<blocks, 256, 0, stream>>>({.product = ws.product.data<float>(),
-                                                   .x_scale = ws.x_scale.data<float>(),
-                                                   .w_scale = w.scale.data<float>(), .out = out.raw(),
-                                                   .out_f32 = out.dtype() == DType::kF32, .tokens = T, .n = N});
+  const auto aligned16 = [](const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; };
+  check(aligned16(out.raw()) && aligned16(w.scale.raw()),
+        "CUDA FP8 linear: the output or the weight scales are not 16-byte aligned");
+  const ScaleArgs scale{.product = ws.product.data<float>(), .x_scale = ws.x_scale.data<float>(),
+                        .w_scale = w.scale.data<float>(), .out = out.raw(), .tokens = T, .n = N};
+  const dim3 grid(static_cast<unsigned>((N / 4 + kScaleThreads - 1) / kScaleThreads),
+                  static_cast<unsigned>(std::min<int64_t>(T, 65535)));
+  if (out.dtype() == DType::kF32)
+    scale_product_kernel<float><<<grid, kScaleThreads, 0, stream>>>(scale);
+  else
+    scale_product_kernel<__nv_bfloat16><<<grid, kScaleThreads, 0, stream>>>(scale);
   cuda_check(cudaGetLastError());
 }
 
