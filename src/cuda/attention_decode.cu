@@ -73,7 +73,8 @@ __device__ bool last_of_pair(unsigned* arrivals, int splits) {
   __shared__ bool last;
   __threadfence();  // this thread's slice visible device-wide before the block's arrival
   __syncthreads();
-  if (threadIdx.x == 0) last = atomicInc(arrivals, static_cast<unsigned>(splits - 1)) == static_cast<unsigned>(splits - 1);
+  const auto final_count = static_cast<unsigned>(splits - 1);
+  if (threadIdx.x == 0) last = atomicInc(arrivals, final_count) == final_count;
   __syncthreads();
   if (last) __threadfence();  // the other blocks' slices are read after their arrivals
   return last;

@@ -1,7 +1,8 @@
 // Embedding, RMSNorm (alone or after the residual add), residual add, scale and rotary embedding
 // kernels: fp32 math, the F32 residual stream and BF16 activations of ops.h. Built for decode latency
 // (a few hundred KB an op): every thread moves 16-byte vectors of 8 elements, RMSNorm keeps its row in
-// registers and reads it once, RoPE runs one thread per 8 rotated pairs of a head. The arithmetic is the CPU twins' (src/cpu).
+// registers and reads it once, RoPE runs one thread per 8 rotated pairs of a head. The arithmetic is
+// the CPU twins' (src/cpu).
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -180,8 +181,8 @@ void launch_rms_norm(const Tensor& x, const Tensor* y, const Tensor& weight, flo
         x.data<float>(), y == nullptr ? nullptr : y->data<float>(), x_sum, weight.data<bf16>(), eps, out.data<bf16>(),
         x.dim(1));
   else
-    rms_norm_kernel<kUnits, bf16><<<blocks, threads, 0, stream>>>(x.data<float>(), y->data<bf16>(), x_sum,
-                                                                   weight.data<bf16>(), eps, out.data<bf16>(), x.dim(1));
+    rms_norm_kernel<kUnits, bf16><<<blocks, threads, 0, stream>>>(
+        x.data<float>(), y->data<bf16>(), x_sum, weight.data<bf16>(), eps, out.data<bf16>(), x.dim(1));
 }
 
 // rms_norm, after x += y when y is given.
