@@ -1,13 +1,15 @@
 // Paged causal attention over a BF16 or FP8 KV cache (GQA, optional logit soft-cap): the KV append,
 // then the split-KV decode kernel (attention_decode.h) when every sequence brings one token, else the
-// plain version: one block per (query token, head) scoring every cached key of its sequence, correct
-// for any context the shared memory holds (positions up to 12288); a fast prefill kernel replaces it later.
+// tensor-core prefill kernel (attention_prefill.h) for head_dim 128, else the plain version: one block
+// per (query token, head) scoring every cached key of its sequence, correct for any context the shared
+// memory holds (positions up to 12288).
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 
 #include <cfloat>
 
 #include "cuda/attention_decode.h"
+#include "cuda/attention_prefill.h"
 #include "cuda/basic_ops.h"
 #include "cuda/cuda_check.h"
 
@@ -112,8 +114,9 @@ void attention(const Tensor& qkv, KvCacheLayer& cache, KvCacheDType cache_dtype,
   expect(out, DType::kBF16, {batch.num_tokens, params.num_heads * params.head_dim}, "attention output");
   if (batch.num_tokens == 0) return;
   const bool decode = attention_decode_supported(batch, params);
-  check(decode || batch.max_seq_len <= kMaxContext, "the plain CUDA attention handles contexts up to ", kMaxContext,
-        " tokens");
+  const bool prefill = !decode && attention_prefill_supported(params);
+  check(decode || prefill || batch.max_seq_len <= kMaxContext, "the plain CUDA attention handles contexts up to ",
+        kMaxContext, " tokens");
   const AttentionArgs a{.qkv = qkv.data<bf16>(), .k_cache = cache.k.raw(), .v_cache = cache.v.raw(),
                         .fp8 = cache_dtype == KvCacheDType::kFp8E4M3, .positions = batch.positions.data<int32_t>(),
                         .query_start = batch.query_start.data<int32_t>(),
@@ -127,6 +130,7 @@ void attention(const Tensor& qkv, KvCacheLayer& cache, KvCacheDType cache_dtype,
   append_kv_kernel<<<static_cast<unsigned>(batch.num_tokens), kThreads, 0, stream>>>(a);
   cuda_check(cudaGetLastError());
   if (decode) return attention_decode(qkv, cache, cache_dtype, batch, params, out, stream);
+  if (prefill) return attention_prefill(qkv, cache, cache_dtype, batch, params, out, stream);
   const dim3 grid(static_cast<unsigned>(batch.num_tokens), static_cast<unsigned>(params.num_heads));
   attention_kernel<<<grid, kThreads, batch.max_seq_len * sizeof(float), stream>>>(a);
   cuda_check(cudaGetLastError());
