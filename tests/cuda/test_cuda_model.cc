@@ -435,9 +435,13 @@ std::pair<double, double> run_prefill_case(const PrefillCase& c, uint32_t seed) 
     query_start.push_back(query_start.back() + fresh);
     seq_lens.push_back(prior + fresh);
   }
-  // q and the new k ~ N(0, 3²) and N(0, 1): logits of standard deviation ~3, so that the softmax is
-  // peaked and the soft-cap bends them.
-  const Pair qkv = random_activations({T, width}, seed + 3, 3.0f);
+  // q ~ N(0, 3²), the new k and v ~ N(0, 1) like the history: logits of standard deviation ~3, so that
+  // the softmax is peaked and the soft-cap bends them.
+  Tensor qkv_f32 = random_f32({T, width}, seed + 3);
+  for (int64_t i = 0; i < qkv_f32.numel(); ++i)
+    if (i % width < heads * D) qkv_f32.data<float>()[i] *= 3.0f;
+  const Tensor qkv_bf16 = to_bf16(qkv_f32);
+  const Pair qkv{.cpu = to_f32(qkv_bf16), .cuda = cuda::upload(qkv_bf16)};
   auto batch_on = [&](Ops& ops) {
     return ForwardBatch{.num_tokens = T, .num_seqs = S, .token_ids = ops.upload(i32(std::vector<int32_t>(T))),
                         .positions = ops.upload(i32(positions)), .query_start = ops.upload(i32(query_start)),
