@@ -1,5 +1,5 @@
-// Per-row FP8 quantization kernels: one block per row (quantize) or a cluster of blocks per row
-// (activation), the row staged in shared memory. Optionally gathered (quantize) or scaled per row and
+// Per-row FP8 quantization kernels: one block per row held in registers (quantize), or a cluster of
+// blocks per row staged in shared memory (activation). Optionally gathered (quantize) or scaled per row and
 // channel (activation) for the prefill path.
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
@@ -9,7 +9,6 @@
 #include "cuda/activation.cuh"
 #include "cuda/cuda_check.h"
 #include "cuda/fp8_rows.cuh"
-#include "cuda/kernel_attributes.h"
 #include "cuda/moe_quantize.h"
 #include "model/communicator.h"
 
@@ -18,51 +17,84 @@ namespace {
 
 namespace cg = cooperative_groups;
 
-constexpr int kThreads = 1024;  // one block a row: as many threads as can share the row's loads
 constexpr int64_t kMaxCols = 32768;
 
 // A padding row of the prefill path: zero codes, scale and sums (the whole block takes this branch).
 __device__ void write_zero_row(uint8_t* codes, int64_t cols, float* scale, float* sums) {
   for (int64_t i = threadIdx.x; i < cols / 16; i += blockDim.x) reinterpret_cast<uint4*>(codes)[i] = {0, 0, 0, 0};
-  for (int64_t i = threadIdx.x; i < cols / kRowBlock; i += blockDim.x) sums[i] = 0.0f;
+  for (int64_t i = threadIdx.x; sums != nullptr && i < cols / kRowBlock; i += blockDim.x) sums[i] = 0.0f;
   if (threadIdx.x == 0) *scale = 0.0f;
 }
 
-// The first pass under tensor parallelism: the amax of the row staged in `values` (all threads call).
-__device__ void write_row_amax(const float* values, int64_t cols, float* amax_out, float* reduce) {
-  float amax = 0.0f;
-  for (int64_t i = threadIdx.x; i < cols; i += blockDim.x) amax = fmaxf(amax, fabsf(values[i]));
-  for (int o = 16; o > 0; o /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, o));
-  if (threadIdx.x % 32 == 0) reduce[threadIdx.x / 32] = amax;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    for (unsigned w = 1; w < blockDim.x / 32; ++w) amax = fmaxf(amax, reduce[w]);
-    *amax_out = amax;
-  }
-}
+// Per-token quantization, one block a row held in registers: thread i loads units i, i + blockDim,
+// ... (kUnits at most) of 8 BF16 values with one 16-byte load each, so that the row is read once and
+// never staged. A 64-wide block of sums is 8 consecutive units: 8 consecutive lanes of one warp. The
+// codes and the scale are the staged kernel's (a max has no rounding); the sums too, since any sum of
+// 64 FP8 e4m3 values is exact in fp32 (multiples of 2^-9 below 2^15), whatever its order.
+constexpr int kQuantThreads = 256;
 
-__global__ void __launch_bounds__(kThreads) quantize_rows_kernel(const __grid_constant__ QuantizeRowsArgs p) {
-  extern __shared__ float values[];
-  __shared__ float reduce[32];
-  const int64_t r = blockIdx.x;
+template <int kUnits>
+__global__ void __launch_bounds__(kQuantThreads) quantize_rows_kernel(const __grid_constant__ QuantizeRowsArgs p) {
+  __shared__ float warp_amax[kQuantThreads / 32];
+  const int64_t r = blockIdx.x, units = p.cols / 8;
   const int64_t src = p.src_row == nullptr ? r : p.src_row[r];
-  if (src < 0) return write_zero_row(p.codes + r * p.cols, p.cols, p.scale + r, p.sums + r * (p.cols / kRowBlock));
+  uint8_t* codes = p.codes + r * p.cols;
+  float* sums = p.sums != nullptr ? p.sums + r * (p.cols / kRowBlock) : nullptr;
+  if (src < 0) return write_zero_row(codes, p.cols, p.scale + r, sums);
   const auto* x = reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(p.x) + src * p.cols);
-  for (int64_t i = threadIdx.x; i < p.cols / 8; i += blockDim.x) {  // 8 bf16 a load
-    const uint4 v = x[i];
-    const auto* h = reinterpret_cast<const __nv_bfloat162*>(&v);
+  float v[kUnits][8];
+  float amax = 0.0f;
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const float2 f = __bfloat1622float2(h[j]);
-      values[8 * i + 2 * j] = f.x;
-      values[8 * i + 2 * j + 1] = f.y;
+  for (int u = 0; u < kUnits; ++u) {
+    const int64_t unit = u * int64_t{blockDim.x} + threadIdx.x;
+    if (unit < units) {
+      const uint4 raw = x[unit];
+      const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {  // a BF16 is the upper half of its fp32 value
+        v[u][2 * j] = __uint_as_float(words[j] << 16);
+        v[u][2 * j + 1] = __uint_as_float(words[j] & 0xFFFF0000u);
+        amax = fmaxf(amax, fmaxf(fabsf(v[u][2 * j]), fabsf(v[u][2 * j + 1])));
+      }
     }
   }
+  for (int o = 16; o > 0; o /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, o));
+  if (threadIdx.x % 32 == 0) warp_amax[threadIdx.x / 32] = amax;
   __syncthreads();
-  if (p.amax_out != nullptr) return write_row_amax(values, p.cols, p.amax_out + r, reduce);
-  const float scale = p.amax_in != nullptr ? fmaxf(p.amax_in[r], 1e-12f) / 448.0f : p.static_scale;
-  quantize_row_fp8(values, p.cols, p.codes + r * p.cols, p.scale + r,
-                   p.sums != nullptr ? p.sums + r * (p.cols / kRowBlock) : nullptr, reduce, scale);
+  for (unsigned w = 0; w < blockDim.x / 32; ++w) amax = fmaxf(amax, warp_amax[w]);
+  if (p.amax_out != nullptr) {  // the first pass under tensor parallelism: only the row's amax
+    if (threadIdx.x == 0) p.amax_out[r] = amax;
+    return;
+  }
+  // The reduced amax over the ranks, else the static scale, else the dynamic formula.
+  const float scale = p.amax_in != nullptr     ? fmaxf(p.amax_in[r], 1e-12f) / 448.0f
+                      : p.static_scale > 0.0f ? p.static_scale
+                                              : fmaxf(amax, 1e-12f) / 448.0f;
+#pragma unroll
+  for (int u = 0; u < kUnits; ++u) {
+    const int64_t unit = u * int64_t{blockDim.x} + threadIdx.x;
+    float sum = 0.0f;
+    if (unit < units) {
+      uint32_t packed[2] = {0u, 0u};
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const __nv_fp8_storage_t q = __nv_cvt_float_to_fp8(v[u][j] / scale, __NV_SATFINITE, __NV_E4M3);
+        packed[j / 4] |= uint32_t{q} << (8 * (j % 4));
+        sum += __half2float(__half(__nv_cvt_fp8_to_halfraw(q, __NV_E4M3)));
+      }
+      *reinterpret_cast<uint2*>(codes + unit * 8) = make_uint2(packed[0], packed[1]);
+    }
+    if (sums != nullptr) {  // every lane shuffles; units come in whole 64-blocks (cols % 64 == 0)
+      for (int o = 4; o > 0; o /= 2) sum += __shfl_xor_sync(0xFFFFFFFFu, sum, o);
+      if (unit < units && unit % 8 == 0) sums[unit / 8] = sum;
+    }
+  }
+  if (threadIdx.x == 0) p.scale[r] = scale;
+}
+
+template <int kUnits>
+void launch_quantize_rows(const QuantizeRowsArgs& p, int threads, cudaStream_t stream) {
+  quantize_rows_kernel<kUnits><<<static_cast<unsigned>(p.rows), threads, 0, stream>>>(p);
 }
 
 // Activation rows split over a thread-block cluster: block q of a row's cluster takes the 64-wide
@@ -147,19 +179,26 @@ __global__ void __launch_bounds__(kActThreads) activation_kernel(const __grid_co
   cluster.sync();  // no block leaves while another may still read its block_amax
 }
 
-template <typename Kernel>
-void set_smem(Kernel kernel) {
-  allow_dynamic_smem(reinterpret_cast<const void*>(kernel), static_cast<int>(kMaxCols * sizeof(float)));
-}
-
 }  // namespace
 
 void quantize_rows_fp8(const QuantizeRowsArgs& p, cudaStream_t stream) {
-  check(p.cols % (p.sums != nullptr ? kRowBlock : 16) == 0 && p.cols <= kMaxCols, "quantize_rows_fp8: ", p.cols,
-        " columns");
-  set_smem(quantize_rows_kernel);
+  check(p.cols > 0 && p.cols % (p.sums != nullptr ? kRowBlock : 16) == 0 && p.cols <= kMaxCols,
+        "quantize_rows_fp8: ", p.cols, " columns");
   if (p.rows == 0) return;
-  quantize_rows_kernel<<<static_cast<unsigned>(p.rows), kThreads, p.cols * sizeof(float), stream>>>(p);
+  // Up to 256 threads (a multiple of 8 lanes: whole 64-blocks in a warp) holding 1 to 16 units each.
+  const int64_t units = p.cols / 8;
+  const int threads = static_cast<int>(std::min<int64_t>(kQuantThreads, (units + 31) / 32 * 32));
+  const int64_t per_thread = (units + threads - 1) / threads;
+  if (per_thread <= 1)
+    launch_quantize_rows<1>(p, threads, stream);
+  else if (per_thread <= 2)
+    launch_quantize_rows<2>(p, threads, stream);
+  else if (per_thread <= 4)
+    launch_quantize_rows<4>(p, threads, stream);
+  else if (per_thread <= 8)
+    launch_quantize_rows<8>(p, threads, stream);
+  else
+    launch_quantize_rows<16>(p, threads, stream);
   cuda_check(cudaGetLastError());
 }
 
