@@ -19,17 +19,22 @@ __device__ inline void store4(__nv_bfloat16* out, float4 v) {
 }
 __device__ inline void store4(float* out, float4 v) { *reinterpret_cast<float4*>(out) = v; }
 
-// Grid (T, H / 512): each thread sums 4 consecutive columns over the top-k rows and the K splits.
-// Out: __nv_bfloat16 or float.
+// One warp a block, so that a single token (decode: a few MB of split partials) still spreads over
+// H / 128 SMs; the split loop unrolled to keep several 16-byte loads in flight.
+constexpr int kCombineThreads = 32;
+
+// Grid (T, H / 128): each thread sums 4 consecutive columns over the top-k rows and the K splits
+// (in that order). Out: __nv_bfloat16 or float.
 template <typename Out>
-__global__ void combine_kernel(const __grid_constant__ CombineArgs p) {
+__global__ void __launch_bounds__(kCombineThreads) combine_kernel(const __grid_constant__ CombineArgs p) {
   const int64_t t = blockIdx.x;
-  const int64_t h4 = static_cast<int64_t>(blockIdx.y) * kThreads + threadIdx.x;  // column / 4
+  const int64_t h4 = static_cast<int64_t>(blockIdx.y) * kCombineThreads + threadIdx.x;  // column / 4
   if (h4 >= p.hidden / 4) return;
   float4 sum = {0.0f, 0.0f, 0.0f, 0.0f};
   for (int64_t k = 0; k < p.top_k; ++k) {
     const int64_t row = p.row_pos[t * p.top_k + k];
     const float w = p.topk_weights[t * p.top_k + k];
+#pragma unroll 4
     for (int64_t s = 0; s < p.splits; ++s) {
       const float4 y = reinterpret_cast<const float4*>(p.down + (s * p.max_rows + row) * p.hidden)[h4];
       sum = {sum.x + w * y.x, sum.y + w * y.y, sum.z + w * y.z, sum.w + w * y.w};
@@ -102,13 +107,14 @@ void moe_combine_rows(const CombineRowsArgs& p, cudaStream_t stream) {
 void moe_combine(const CombineArgs& p, cudaStream_t stream) {
   if (p.tokens == 0) return;
   check(p.hidden % 4 == 0, "moe_combine: hidden size ", p.hidden, " is not a multiple of 4");
-  const dim3 grid(static_cast<unsigned>(p.tokens), static_cast<unsigned>((p.hidden / 4 + kThreads - 1) / kThreads));
+  const dim3 grid(static_cast<unsigned>(p.tokens),
+                  static_cast<unsigned>((p.hidden / 4 + kCombineThreads - 1) / kCombineThreads));
   switch (p.out_dtype) {
     case DType::kBF16:
-      combine_kernel<__nv_bfloat16><<<grid, kThreads, 0, stream>>>(p);
+      combine_kernel<__nv_bfloat16><<<grid, kCombineThreads, 0, stream>>>(p);
       break;
     case DType::kF32:
-      combine_kernel<float><<<grid, kThreads, 0, stream>>>(p);
+      combine_kernel<float><<<grid, kCombineThreads, 0, stream>>>(p);
       break;
     default:
       fail("moe_combine: the output must be BF16 or F32, not ", dtype_name(p.out_dtype));
