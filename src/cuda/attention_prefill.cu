@@ -199,16 +199,24 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) prefill_kernel(const __g
         }
       // Online softmax of rows g and g + 8 over the tile's keys (the four lanes t share each row).
       const bool masked = key0 + kKeys - 1 > warp_first;
+      if (a.cap_log2e > 0.0f) {  // one branch a tile, not one a score
+#pragma unroll
+        for (int c = 0; c < 8; ++c)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) sc[c][e] = a.cap_log2e * tanhf(sc[c][e] * a.score_scale);
+      } else {
+#pragma unroll
+        for (int c = 0; c < 8; ++c)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) sc[c][e] *= a.score_scale;
+      }
       float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
       for (int c = 0; c < 8; ++c)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          float x = sc[c][e] * a.score_scale;
-          if (a.cap_log2e > 0.0f) x = a.cap_log2e * tanhf(x);
-          if (masked && key0 + 8 * c + 2 * t + (e & 1) > pos[e / 2]) x = -INFINITY;
-          sc[c][e] = x;
-          mx[e / 2] = fmaxf(mx[e / 2], x);
+          if (masked && key0 + 8 * c + 2 * t + (e & 1) > pos[e / 2]) sc[c][e] = -INFINITY;
+          mx[e / 2] = fmaxf(mx[e / 2], sc[c][e]);
         }
       float alpha[2];
 #pragma unroll
