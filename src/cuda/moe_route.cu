@@ -150,12 +150,12 @@ __global__ void __launch_bounds__(kGroupThreads) group_kernel(const __grid_const
 
 // Routing and grouping of a few tokens in one launch, on one cluster of kRouteCluster blocks. The
 // lane partials of every (token, expert) pair (32 a pair) are spread over the cluster's threads, a
-// thread a partial; block 0 gathers each pair's 32 through distributed shared memory into a warp and
-// sums them by the same butterfly (the logits of router_logits_kernel, bit for bit), then takes the
-// top-k of each token and groups the pairs by expert.
+// thread a partial; the cluster's warps then gather each pair's 32 through distributed shared memory
+// and sum them by the same butterfly (the logits of router_logits_kernel, bit for bit) into global
+// memory, and block 0 takes the top-k of each token and groups the pairs by expert.
 constexpr int kRouteCluster = 8;
 constexpr int kRouteThreads = 256;
-constexpr int64_t kMaxFusedPairs = 1024;  // tokens × experts
+constexpr int64_t kMaxFusedPairs = 256;  // tokens × experts: Mixtral's 32 tokens, DeepSeek-V3's one
 constexpr int64_t kMaxBlockPartials = kMaxFusedPairs * 32 / kRouteCluster;
 
 struct RouteGroupArgs {
@@ -179,14 +179,14 @@ __global__ void __launch_bounds__(kRouteThreads) route_group_kernel(const __grid
   }
   cluster.sync();  // every block's partials written
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
-  if (q == 0) {
-    for (int64_t pair = warp; pair < pairs; pair += warps) {
-      const int64_t i = pair * 32 + lane;
-      const float sum = butterfly_sum(*cluster.map_shared_rank(&partial[i % per], static_cast<unsigned>(i / per)));
-      if (lane == 0) p.logits[pair] = sum;
-    }
+  for (int64_t pair = q * warps + warp; pair < pairs; pair += C * warps) {  // a warp a pair, cluster-wide
+    const int64_t i = pair * 32 + lane;
+    const float sum = butterfly_sum(*cluster.map_shared_rank(&partial[i % per], static_cast<unsigned>(i / per)));
+    if (lane == 0) p.logits[pair] = sum;
   }
-  cluster.sync();  // block 0 done reading the others' shared memory; the other blocks may leave
+  // Every block done reading the others' shared memory, and the logits (global memory) written before
+  // the barrier visible to block 0 after it (release and acquire at cluster scope).
+  cluster.sync();
   if (q != 0) return;
   for (int64_t t = warp; t < p.tokens; t += warps) topk_token(p, t, lane);
   __syncthreads();  // the top-k ids written (global memory, read back by this block)
