@@ -492,18 +492,13 @@ TEST(CudaOpsTwin, PrefillAttention) {
   }
 }
 
-// Not a check: the prefill attention of a Mixtral-8x7B layer (32 query heads, 8 KV heads, FP8 cache)
-// for 32 sequences × 1024 new tokens, in µs and TFLOP/s (causal: each token's keys up to itself).
+// Not a check: the prefill attention of one layer for 32 sequences × 1024 new tokens over an FP8 cache,
+// KV append included, in µs and TFLOP/s (causal: each token's keys up to itself): Mixtral-8x7B (32 query
+// heads, 8 KV heads) and Grok-1 on one GPU (48/8, soft-cap 30).
 TEST(CudaOpsTwin, PrefillAttentionTiming) {
   SKIP_WITHOUT_GPU();
   cuda::CudaOps gpu;
-  const int64_t S = 32, L = 1024, T = S * L, heads = 32, kv_heads = 8, D = 128, block = 16;
-  const AttentionParams p{.num_heads = heads, .num_kv_heads = kv_heads, .head_dim = D,
-                          .softmax_scale = 0.088f, .k_scale = 0.05f, .v_scale = 0.04f};
-  KvCacheLayer cache{.k = gpu.empty(DType::kF8E4M3, {T / block, block, kv_heads, D}),
-                     .v = gpu.empty(DType::kF8E4M3, {T / block, block, kv_heads, D})};
-  Tensor qkv = gpu.empty(DType::kBF16, {T, (heads + 2 * kv_heads) * D});
-  cuda_check(cudaMemset(qkv.raw(), 0x3C, qkv.nbytes()));  // bf16 0x3C3C ≈ 0.0115 everywhere
+  const int64_t S = 32, L = 1024, T = S * L, kv_heads = 8, D = 128, block = 16;
   std::vector<int32_t> tables(T / block), positions(T), query_start(S + 1), seq_lens(S, L);
   std::iota(tables.begin(), tables.end(), 0);  // blocks in order: token t's slot is t
   std::vector<int32_t> slots(T);
@@ -516,25 +511,34 @@ TEST(CudaOpsTwin, PrefillAttentionTiming) {
                            .block_tables = gpu.upload(i32(tables).reshape({S, L / block})),
                            .slot_mapping = gpu.upload(i32(slots)),
                            .logit_rows = gpu.upload(i32({0})), .max_query_len = L, .max_seq_len = L};
-  Tensor out = gpu.empty(DType::kBF16, {T, heads * D});
-  gpu.attention(qkv, cache, KvCacheDType::kFp8E4M3, batch, p, out);  // warm-up
-  cudaEvent_t start, stop;
-  cuda_check(cudaEventCreate(&start));
-  cuda_check(cudaEventCreate(&stop));
-  constexpr int kRuns = 5;
-  cuda_check(cudaEventRecord(start, cuda::compute_stream()));
-  for (int i = 0; i < kRuns; ++i) gpu.attention(qkv, cache, KvCacheDType::kFp8E4M3, batch, p, out);
-  cuda_check(cudaEventRecord(stop, cuda::compute_stream()));
-  cuda_check(cudaEventSynchronize(stop));
-  float ms = 0;
-  cuda_check(cudaEventElapsedTime(&ms, start, stop));
-  cuda_check(cudaEventDestroy(start));
-  cuda_check(cudaEventDestroy(stop));
-  const double us = 1000.0 * ms / kRuns, flops = 4.0 * D * heads * S * (L * (L + 1) / 2.0);
-  std::cout << "prefill attention, 32 x 1024 tokens, heads 32/8, FP8 cache (KV append included): " << us
-            << " us, " << flops / us * 1e-6 << " TFLOP/s\n";
-  const Tensor host = to_f32(cuda::download(out));
-  for (int64_t i = 0; i < host.numel(); i += 4099) ASSERT_TRUE(std::isfinite(host.data<float>()[i]));
+  KvCacheLayer cache{.k = gpu.empty(DType::kF8E4M3, {T / block, block, kv_heads, D}),
+                     .v = gpu.empty(DType::kF8E4M3, {T / block, block, kv_heads, D})};
+  for (const auto& [name, heads, softcap] : {std::tuple{"Mixtral-8x7B", int64_t{32}, 0.0f},
+                                              std::tuple{"Grok-1", int64_t{48}, 30.0f}}) {
+    const AttentionParams p{.num_heads = heads, .num_kv_heads = kv_heads, .head_dim = D, .softmax_scale = 0.088f,
+                            .k_scale = 0.05f, .v_scale = 0.04f, .logit_softcap = softcap};
+    Tensor qkv = gpu.empty(DType::kBF16, {T, (heads + 2 * kv_heads) * D});
+    cuda_check(cudaMemset(qkv.raw(), 0x3C, qkv.nbytes()));  // bf16 0x3C3C ≈ 0.0115 everywhere
+    Tensor out = gpu.empty(DType::kBF16, {T, heads * D});
+    gpu.attention(qkv, cache, KvCacheDType::kFp8E4M3, batch, p, out);  // warm-up
+    cudaEvent_t start, stop;
+    cuda_check(cudaEventCreate(&start));
+    cuda_check(cudaEventCreate(&stop));
+    constexpr int kRuns = 5;
+    cuda_check(cudaEventRecord(start, cuda::compute_stream()));
+    for (int i = 0; i < kRuns; ++i) gpu.attention(qkv, cache, KvCacheDType::kFp8E4M3, batch, p, out);
+    cuda_check(cudaEventRecord(stop, cuda::compute_stream()));
+    cuda_check(cudaEventSynchronize(stop));
+    float ms = 0;
+    cuda_check(cudaEventElapsedTime(&ms, start, stop));
+    cuda_check(cudaEventDestroy(start));
+    cuda_check(cudaEventDestroy(stop));
+    const double us = 1000.0 * ms / kRuns, flops = 4.0 * D * heads * S * (L * (L + 1) / 2.0);
+    std::cout << "prefill attention " << name << ", 32 x 1024 tokens, heads " << heads << "/" << kv_heads
+              << ", FP8 cache: " << us << " us, " << flops / us * 1e-6 << " TFLOP/s\n";
+    const Tensor host = to_f32(cuda::download(out));
+    for (int64_t i = 0; i < host.numel(); i += 4099) ASSERT_TRUE(std::isfinite(host.data<float>()[i])) << name;
+  }
 }
 
 class CudaTinyMixtral : public ::testing::TestWithParam<std::tuple<Quantization, KvCacheDType>> {};
