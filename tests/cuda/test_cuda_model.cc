@@ -476,11 +476,12 @@ TEST(CudaOpsTwin, PrefillAttention) {
   for (const int64_t group : {1, 4, 6, 8})
     for (const float softcap : {0.0f, 4.0f})
       for (const KvCacheDType dtype : {kBf16, kFp8})
-        cases.push_back({.group = group, .kv_heads = group <= 4 ? 2 : 1, .softcap = softcap, .dtype = dtype, .seqs = mix});
-  cases.push_back({.group = 4, .kv_heads = 2, .softcap = 0.0f, .dtype = kBf16, .seqs = {{0, 1000}, {300, 1}, {5, 40}}});
-  cases.push_back({.group = 1, .kv_heads = 1, .softcap = 4.0f, .dtype = kFp8, .seqs = {{0, 1000}, {0, 1}, {300, 33}}});
-  cases.push_back({.group = 6, .kv_heads = 1, .softcap = 4.0f, .dtype = kBf16, .seqs = {{19990, 16}, {1, 1}, {13000, 3}}});
-  cases.push_back({.group = 6, .kv_heads = 1, .softcap = 0.0f, .dtype = kFp8, .seqs = {{19990, 6}, {1, 1}, {13000, 2}}});
+        cases.push_back({group, group <= 4 ? 2 : 1, softcap, dtype, mix});
+  // (group, KV heads, soft-cap, cache, sequences)
+  cases.push_back({4, 2, 0.0f, kBf16, {{0, 1000}, {300, 1}, {5, 40}}});
+  cases.push_back({1, 1, 4.0f, kFp8, {{0, 1000}, {0, 1}, {300, 33}}});
+  cases.push_back({6, 1, 4.0f, kBf16, {{19990, 16}, {1, 1}, {13000, 3}}});
+  cases.push_back({6, 1, 0.0f, kFp8, {{19990, 6}, {1, 1}, {13000, 2}}});
   uint32_t seed = 100;
   for (const PrefillCase& c : cases) {
     const auto [row, whole] = run_prefill_case(c, seed += 10);
