@@ -117,10 +117,6 @@ __global__ void __launch_bounds__(kThreads, (Tile<kTokenTiles, kFp8>::kMinBlocks
   using T = Tile<kTokenTiles, kFp8>;
   constexpr int kRows = T::kRows, kStages = T::kStages;
   constexpr int kAcc = kRows / 2;  // f32 accumulator registers per thread of an m64 × kRows tile
-  // INT4 weights and up to 16 rows: each warp multiplies its 16 channels with mma.sync (cheaper a
-  // weight byte than wgmma at these widths: bench/RESULTS.md); wider tiles and FP8 weights (whose
-  // fragments would not fit in registers beside the activations) go to the warpgroup's wgmma.
-  constexpr bool kWarpMma = kTokenTiles <= 2 && !kFp8;
   extern __shared__ uint4 smem_raw[];
   auto& sm = *reinterpret_cast<GemmSmem<kTokenTiles, kFp8>*>(smem_raw);
 
@@ -214,7 +210,7 @@ __global__ void __launch_bounds__(kThreads, (Tile<kTokenTiles, kFp8>::kMinBlocks
   for (int step = 0; walk.valid(compute); ++step) {
     const int slot = step % kStages;
     ptx::mbarrier_wait(&sm.full[slot], (step / kStages) & 1);
-    if constexpr (!kWarpMma) wgmma::fence_proxy_async();  // wgmma reads the cp.async (generic proxy) writes
+    wgmma::fence_proxy_async();  // the activation copies are generic-proxy writes that wgmma reads
 
     const int first = compute.kb_begin + compute.stage * kBlocksPerStage;
     const int nkb = min(kBlocksPerStage, compute.kb_begin + compute.kb_count - first);
@@ -223,89 +219,48 @@ __global__ void __launch_bounds__(kThreads, (Tile<kTokenTiles, kFp8>::kMinBlocks
       walk.advance(compute, p);
       continue;
     }
-    if constexpr (kWarpMma) {
-      // Each warp on its own: its weights and all the activations of the stage into registers (the
-      // activations' core matrices are exactly ldmatrix's 8×16-byte matrices), the slot handed back at
-      // once, then mma.sync m16n8k32 over them, summed 128 K at a time and promoted to fp32.
-      uint4 w[kBlocksPerStage][T::kLaneWords];
-      uint32_t b[kBlocksPerStage][kTokenTiles][4];  // K block, 8-row group, 16-byte K column
+    // Two halves of two K blocks (128 K each), each summed by the tensor cores, then promoted. Every
+    // wgmma is issued (a branch around one makes ptxas serialize them all); a K block past the split's
+    // end has zero weights here and zero activations from the producer.
+    float d[2][kAcc];
 #pragma unroll
-      for (int kb = 0; kb < kBlocksPerStage; ++kb) {
+    for (int half = 0; half < 2; ++half) {
+      uint32_t a[2][2][4];
 #pragma unroll
-        for (int i = 0; i < T::kLaneWords; ++i) w[kb][i] = sm.weights[slot][warp][kb][T::kLaneWords * lane + i];
-#pragma unroll
-        for (int j = 0; j < kTokenTiles; ++j)
-          ptx::ldmatrix_x4(b[kb][j], &sm.act[slot][kb][(j * 4 + lane / 8) * kCoreBytes + (lane % 8) * 16]);
-      }
-      __syncwarp();
-      if (lane == 0) ptx::mbarrier_arrive(&sm.empty[slot]);
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        float d[kAcc] = {};
-#pragma unroll
-        for (int bb = 0; bb < 2; ++bb) {
-          const int kb = half * 2 + bb;
-          // The A fragments of the K block's two K steps: each nibble u becomes the FP8 byte u.
-          const uint32_t m = 0x0F0F0F0Fu & (kb < nkb ? 0xFFFFFFFFu : 0u);
-          const uint4 v = w[kb][0];
-          const uint32_t a[2][4] = {{v.x & m, (v.x >> 4) & m, v.y & m, (v.y >> 4) & m},
-                                    {v.z & m, (v.z >> 4) & m, v.w & m, (v.w >> 4) & m}};
-#pragma unroll
-          for (int s = 0; s < 2; ++s)
-#pragma unroll
-            for (int j = 0; j < kTokenTiles; ++j) {
-              const uint32_t bs[2] = {b[kb][j][2 * s], b[kb][j][2 * s + 1]};
-              float(&dj)[4] = *reinterpret_cast<float(*)[4]>(&d[4 * j]);
-              ptx::mma_e4m3_16x8x32(dj, a[s], bs);
-            }
+      for (int bb = 0; bb < 2; ++bb) {
+        const int b = half * 2 + bb;
+        const uint32_t live = b < nkb ? 0xFFFFFFFFu : 0u;
+        if constexpr (kFp8) {  // the two K steps' A fragments, as stored
+          const uint4 lo = sm.weights[slot][warp][b][2 * lane], hi = sm.weights[slot][warp][b][2 * lane + 1];
+          a[bb][0][0] = lo.x & live, a[bb][0][1] = lo.y & live, a[bb][0][2] = lo.z & live, a[bb][0][3] = lo.w & live;
+          a[bb][1][0] = hi.x & live, a[bb][1][1] = hi.y & live, a[bb][1][2] = hi.z & live, a[bb][1][3] = hi.w & live;
+        } else {
+          // Each nibble u becomes the FP8 byte u, worth u · 2^-9: low nibbles are rows g, high g + 8.
+          const uint32_t m = 0x0F0F0F0Fu & live;
+          const uint4 w = sm.weights[slot][warp][b][lane];
+          a[bb][0][0] = w.x & m, a[bb][0][1] = (w.x >> 4) & m;
+          a[bb][0][2] = w.y & m, a[bb][0][3] = (w.y >> 4) & m;
+          a[bb][1][0] = w.z & m, a[bb][1][1] = (w.z >> 4) & m;
+          a[bb][1][2] = w.w & m, a[bb][1][3] = (w.w >> 4) & m;
         }
-#pragma unroll
-        for (int j = 0; j < kAcc; ++j) acc[j] += d[j];
       }
-    } else {
-      // Two halves of two K blocks (128 K each), each summed by the tensor cores, then promoted. Every
-      // wgmma is issued (a branch around one makes ptxas serialize them all); a K block past the split's
-      // end has zero weights here and zero activations from the producer.
-      float d[2][kAcc];
+      wgmma::fence();
 #pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        uint32_t a[2][2][4];
-#pragma unroll
-        for (int bb = 0; bb < 2; ++bb) {
-          const int b = half * 2 + bb;
-          const uint32_t live = b < nkb ? 0xFFFFFFFFu : 0u;
-          if constexpr (kFp8) {  // the two K steps' A fragments, as stored
-            const uint4 lo = sm.weights[slot][warp][b][2 * lane], hi = sm.weights[slot][warp][b][2 * lane + 1];
-            a[bb][0][0] = lo.x & live, a[bb][0][1] = lo.y & live, a[bb][0][2] = lo.z & live, a[bb][0][3] = lo.w & live;
-            a[bb][1][0] = hi.x & live, a[bb][1][1] = hi.y & live, a[bb][1][2] = hi.z & live, a[bb][1][3] = hi.w & live;
-          } else {
-            // Each nibble u becomes the FP8 byte u, worth u · 2^-9: low nibbles are rows g, high g + 8.
-            const uint32_t m = 0x0F0F0F0Fu & live;
-            const uint4 w = sm.weights[slot][warp][b][lane];
-            a[bb][0][0] = w.x & m, a[bb][0][1] = (w.x >> 4) & m;
-            a[bb][0][2] = w.y & m, a[bb][0][3] = (w.y >> 4) & m;
-            a[bb][1][0] = w.z & m, a[bb][1][1] = (w.z >> 4) & m;
-            a[bb][1][2] = w.w & m, a[bb][1][3] = (w.w >> 4) & m;
-          }
-        }
-        wgmma::fence();
-#pragma unroll
-        for (int bb = 0; bb < 2; ++bb) {
-          const uint8_t* act = sm.act[slot][half * 2 + bb];
-          wgmma::WgmmaE4m3<kRows>::mma(d[half], a[bb][0], wgmma::descriptor(act, kCoreBytes, 4 * kCoreBytes), bb);
-          wgmma::WgmmaE4m3<kRows>::mma(d[half], a[bb][1],
-                                       wgmma::descriptor(act + 2 * kCoreBytes, kCoreBytes, 4 * kCoreBytes), 1);
-        }
-        wgmma::commit();
+      for (int bb = 0; bb < 2; ++bb) {
+        const uint8_t* act = sm.act[slot][half * 2 + bb];
+        wgmma::WgmmaE4m3<kRows>::mma(d[half], a[bb][0], wgmma::descriptor(act, kCoreBytes, 4 * kCoreBytes), bb);
+        wgmma::WgmmaE4m3<kRows>::mma(d[half], a[bb][1],
+                                     wgmma::descriptor(act + 2 * kCoreBytes, kCoreBytes, 4 * kCoreBytes), 1);
       }
-      wgmma::wait<1>();
-#pragma unroll
-      for (int j = 0; j < kAcc; ++j) acc[j] += d[0][j];
-      wgmma::wait<0>();
-      if (lane == 0) ptx::mbarrier_arrive(&sm.empty[slot]);  // this warp is done reading the slot
-#pragma unroll
-      for (int j = 0; j < kAcc; ++j) acc[j] += d[1][j];
+      wgmma::commit();
     }
+    wgmma::wait<1>();
+#pragma unroll
+    for (int j = 0; j < kAcc; ++j) acc[j] += d[0][j];
+    wgmma::wait<0>();
+    if (lane == 0) ptx::mbarrier_arrive(&sm.empty[slot]);  // this warp is done reading the slot
+#pragma unroll
+    for (int j = 0; j < kAcc; ++j) acc[j] += d[1][j];
 
     if (compute.stage == compute.stages - 1) {  // the chunk's last stage: write its rows out
       // Each row's Σ a over this split's K blocks (INT4's offset correction) and its scale.
