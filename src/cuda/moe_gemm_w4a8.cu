@@ -184,9 +184,13 @@ __global__ void __launch_bounds__(kThreads, (Tile<kTokenTiles, kFp8>::kMinBlocks
         const int valid_tiles = (p.leave_out & kWeights) ? 0 : min(kWarps, tiles - load.group * kWarps);
         const auto bytes = static_cast<uint32_t>(nkb * T::kWarpBlockBytes);
         ptx::mbarrier_arrive_expect_tx(&sm.full[slot], bytes * valid_tiles);
-        for (int w = 0; w < valid_tiles; ++w)
-          ptx::bulk_copy_to_shared(sm.weights[slot][w], weights_at(load, load.group * kWarps + w, first), bytes,
-                                   &sm.full[slot]);
+        for (int w = 0; w < valid_tiles; ++w) {
+          const uint8_t* src = weights_at(load, load.group * kWarps + w, first);
+          if (p.evict_first)
+            ptx::bulk_copy_to_shared_evict_first(sm.weights[slot][w], src, bytes, &sm.full[slot]);
+          else
+            ptx::bulk_copy_to_shared(sm.weights[slot][w], src, bytes, &sm.full[slot]);
+        }
       }
       // Every K block of the stage is written: zeros past the split's end and the expert's rows.
 #pragma unroll
@@ -337,9 +341,11 @@ void launch(const GemmW4A8Args& p, cudaStream_t stream) {
   const auto grid = static_cast<unsigned>(grid_for(units, int64_t{multiprocessor_count()} * resident).blocks);
   static const int prefetch_stages = env_or("NIBBLE_MOE_PREFETCH_STAGES", kPrefetchStages);
   static const int leave_out = env_or("NIBBLE_MOE_LEAVE_OUT", kNothing);
+  static const bool evict_first = env_or("NIBBLE_MOE_EVICT_FIRST", 0) != 0;
   GemmW4A8Args args = p;
   args.prefetch_stages = prefetch_stages;
   args.leave_out = leave_out;
+  args.evict_first = evict_first;
   kernel<<<grid, kThreads, kSmem, stream>>>(args);
   cuda_check(cudaGetLastError());
 }

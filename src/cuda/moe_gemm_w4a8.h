@@ -57,6 +57,8 @@ struct GemmW4A8Args {
   int prefetch_stages = 0;      // set by the launch: L2 prefetch distance past the pipeline, in stages
   int leave_out = 0;            // set by the launch (timing experiments only): a sum of 1 the tensor-core
                                 // math, 2 the activation copies, 4 the weight copies
+  bool evict_first = false;     // set by the launch (NIBBLE_MOE_EVICT_FIRST, an experiment): the weights'
+                                // copies ask L2 to evict them first
 };
 
 // Picks the K split for a problem so that the GPU is full; `rows` is T·K (routed pairs).

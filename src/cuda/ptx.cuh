@@ -63,6 +63,16 @@ __device__ inline void bulk_copy_to_shared(void* smem, const void* global, uint3
       : "memory");
 }
 
+// The same, with an L2 policy that evicts these bytes first (data read once: streamed weights).
+__device__ inline void bulk_copy_to_shared_evict_first(void* smem, const void* global, uint32_t bytes, uint64_t* bar) {
+  asm volatile(
+      "{\n.reg .b64 policy;\ncreatepolicy.fractional.L2::evict_first.b64 policy, 1.0;\n"
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], "
+      "policy;\n}\n" ::"r"(smem_address(smem)),
+      "l"(global), "r"(bytes), "r"(smem_address(bar))
+      : "memory");
+}
+
 __device__ inline void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 
 template <int kPending>
