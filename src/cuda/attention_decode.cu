@@ -6,8 +6,6 @@
 
 #include <algorithm>
 #include <cfloat>
-#include <map>
-#include <mutex>
 #include <type_traits>
 
 #include "cuda/cuda_check.h"
@@ -33,7 +31,6 @@ struct DecodeArgs {
   const int32_t* seq_lens;      // (S)
   float* part_acc;             // (S, Hq, splits, D): Σ p·v of each slice, unnormalized
   float* part_ml;              // (S, Hq, splits, 2): running max and Σ p of each slice
-  unsigned* arrivals;          // (S, kv_heads): the blocks of the pair done so far; 0 between launches
   bf16* out;                   // (S, Hq·D)
   int64_t width, max_blocks, block_size;
   int heads, kv_heads, group, splits;
@@ -66,58 +63,8 @@ __device__ inline void mma(float (&d)[4], const uint32_t (&a)[4], const uint32_t
     ptx::mma_bf16_16x8x16(d, a, b);
 }
 
-// Whether this block is the last of its (sequence, KV head) pair's `splits` blocks to finish; all
-// threads call it after writing their slice. The counter wraps back to 0 at the last arrival, so it
-// is 0 again for the next launch (a replayed graph included) with no reset of its own.
-__device__ bool last_of_pair(unsigned* arrivals, int splits) {
-  __shared__ bool last;
-  __threadfence();  // this thread's slice visible device-wide before the block's arrival
-  __syncthreads();
-  const auto final_count = static_cast<unsigned>(splits - 1);
-  if (threadIdx.x == 0) last = atomicInc(arrivals, final_count) == final_count;
-  __syncthreads();
-  if (last) __threadfence();  // the other blocks' slices are read after their arrivals
-  return last;
-}
-
-// The last block of a (sequence, KV head) pair merges the slices of its G query heads: each thread
-// takes one dimension of every head, the splits in order (the arithmetic of a separate merge pass).
-// The slices are read through L2 (ld.cg): other blocks wrote them.
-__device__ void merge_slices(const DecodeArgs& a, int s, int kh) {
-  static_assert(kThreads == kHeadDim, "a thread a dimension");
-  __shared__ float m_s[kMaxGroup][kMaxSplits], l_s[kMaxGroup][kMaxSplits], w_s[kMaxGroup][kMaxSplits];
-  const int G = a.group, splits = a.splits, d = threadIdx.x;
-  const int64_t part0 = (int64_t{s} * a.heads + int64_t{kh} * G) * splits;  // head kh·G, split 0
-  for (int i = threadIdx.x; i < G * splits; i += kThreads) {
-    m_s[i / splits][i % splits] = __ldcg(a.part_ml + 2 * (part0 + i));
-    l_s[i / splits][i % splits] = __ldcg(a.part_ml + 2 * (part0 + i) + 1);
-  }
-  __syncthreads();
-  for (int i = threadIdx.x; i < G * splits; i += kThreads) {
-    const int h = i / splits;
-    float m = -FLT_MAX;
-    for (int sp = 0; sp < splits; ++sp) m = fmaxf(m, m_s[h][sp]);
-    w_s[h][i % splits] = __expf(m_s[h][i % splits] - m);
-  }
-  __syncthreads();
-  float num[kMaxGroup] = {}, den[kMaxGroup] = {};
-#pragma unroll 2
-  for (int sp = 0; sp < splits; ++sp)
-#pragma unroll
-    for (int h = 0; h < kMaxGroup; ++h) {
-      if (h >= G || l_s[h][sp] == 0.0f) continue;
-      num[h] += w_s[h][sp] * __ldcg(a.part_acc + (part0 + int64_t{h} * splits + sp) * kHeadDim + d);
-      den[h] += w_s[h][sp] * l_s[h][sp];
-    }
-#pragma unroll
-  for (int h = 0; h < kMaxGroup; ++h)
-    if (h < G)
-      a.out[int64_t{s} * a.heads * kHeadDim + (int64_t{kh} * G + h) * kHeadDim + d] =
-          __float2bfloat16_rn(den[h] > 0.0f ? num[h] / den[h] * a.v_scale : 0.0f);
-}
-
 // Tensor-core decode attention. Each warp walks its own 32-key tiles of the block's slice with its own
-// online softmax; the block's four warps merge at the end, and the pair's last block the slices. Per tile: S (16 × 32) = Q (16 × 128: the
+// online softmax; the block's four warps merge at the end. Per tile: S (16 × 32) = Q (16 × 128: the
 // group's heads in rows 0..G-1, the rest zero) · Kᵀ, then Oᵀ (128 × 16) += Vᵀ (128 × 32) · Pᵀ, so that
 // P leaves the first MMA in the register layout the second one reads. Both MMAs take K positions in an
 // order of our choosing: thread (g = lane / 4, t = lane % 4) loads dims [32t, 32t + 32) of its key for
@@ -297,37 +244,24 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
       a.part_ml[2 * part + 1] = den;
     }
   }
-  if (last_of_pair(a.arrivals + int64_t{s} * a.kv_heads + kh, a.splits)) merge_slices(a, s, kh);
 }
 
-// The arrival counters of `pairs` (sequence, KV head) pairs on the current device: one buffer a
-// device, zeroed once when made and left at zero by every launch. Made on a stream of its own and
-// synchronized there, so that it works while the compute stream is being captured; a larger one
-// replaces it when a batch needs more, the old one kept (recorded graphs still use it).
-unsigned* arrival_counters(int64_t pairs) {
-  struct Counters {
-    unsigned* data = nullptr;
-    int64_t size = 0;
-  };
-  static std::mutex mutex;
-  static std::map<int, Counters> by_device;
-  int device = 0;
-  cuda_check(cudaGetDevice(&device));
-  const std::lock_guard lock(mutex);
-  Counters& counters = by_device[device];
-  if (counters.size < pairs) {
-    const int64_t size = std::max<int64_t>(pairs, 16384);
-    const auto bytes = static_cast<std::size_t>(size) * sizeof(unsigned);
-    void* data = nullptr;
-    cuda_check(cudaMalloc(&data, bytes));
-    cudaStream_t side = nullptr;
-    cuda_check(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
-    cuda_check(cudaMemsetAsync(data, 0, bytes, side));
-    cuda_check(cudaStreamSynchronize(side));
-    cuda_check(cudaStreamDestroy(side));
-    counters = {.data = static_cast<unsigned*>(data), .size = size};  // never freed (see above)
+// One block per (sequence, query head): merges the slices.
+__global__ void __launch_bounds__(kHeadDim) merge_kernel(const __grid_constant__ DecodeArgs a) {
+  const int s = blockIdx.x, h = blockIdx.y, d = threadIdx.x;
+  const int64_t part0 = (int64_t{s} * a.heads + h) * a.splits;
+  float m = -FLT_MAX;
+  for (int sp = 0; sp < a.splits; ++sp) m = fmaxf(m, a.part_ml[2 * (part0 + sp)]);
+  float num = 0.0f, den = 0.0f;
+  for (int sp = 0; sp < a.splits; ++sp) {
+    const float l = a.part_ml[2 * (part0 + sp) + 1];
+    if (l == 0.0f) continue;
+    const float w = __expf(a.part_ml[2 * (part0 + sp)] - m);
+    num += w * a.part_acc[(part0 + sp) * kHeadDim + d];
+    den += w * l;
   }
-  return counters.data;
+  a.out[int64_t{s} * a.heads * kHeadDim + int64_t{h} * kHeadDim + d] =
+      __float2bfloat16_rn(den > 0.0f ? num / den * a.v_scale : 0.0f);
 }
 
 }  // namespace
@@ -356,8 +290,7 @@ void attention_decode(const Tensor& qkv, const KvCacheLayer& cache, KvCacheDType
   Tensor part_ml = empty(DType::kF32, {S, Hq, splits, 2});
   const DecodeArgs a{.qkv = qkv.data<bf16>(), .k_cache = cache.k.raw(), .v_cache = cache.v.raw(),
                      .block_tables = batch.block_tables.data<int32_t>(), .seq_lens = batch.seq_lens.data<int32_t>(),
-                     .part_acc = part_acc.data<float>(), .part_ml = part_ml.data<float>(),
-                     .arrivals = arrival_counters(pairs), .out = out.data<bf16>(),
+                     .part_acc = part_acc.data<float>(), .part_ml = part_ml.data<float>(), .out = out.data<bf16>(),
                      .width = qkv.dim(1), .max_blocks = batch.block_tables.dim(1), .block_size = cache.k.dim(1),
                      .heads = static_cast<int>(Hq), .kv_heads = static_cast<int>(params.num_kv_heads),
                      .group = static_cast<int>(Hq / params.num_kv_heads), .splits = splits,
@@ -368,6 +301,8 @@ void attention_decode(const Tensor& qkv, const KvCacheLayer& cache, KvCacheDType
     decode_kernel<true><<<grid, kThreads, 0, stream>>>(a);
   else
     decode_kernel<false><<<grid, kThreads, 0, stream>>>(a);
+  cuda_check(cudaGetLastError());
+  merge_kernel<<<dim3(static_cast<unsigned>(S), static_cast<unsigned>(Hq)), kHeadDim, 0, stream>>>(a);
   cuda_check(cudaGetLastError());
 }
 

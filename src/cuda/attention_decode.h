@@ -2,9 +2,8 @@
 // ("flash-decoding"). Each block takes one sequence, one KV head and one slice of its context, scores
 // the whole GQA group of query heads against each key it loads once on the tensor cores (f16 MMAs
 // over an FP8 cache, bf16 over a BF16 one, f32 accumulation), and keeps an online softmax per warp;
-// the last block of a (sequence, KV head) to finish merges the slices (one launch). The launch depends
-// only on the batch size and the block-table width, never on the context lengths, so a CUDA graph
-// replays it at any context.
+// a second kernel merges the slices. The launch depends only on the batch size and the block-table
+// width, never on the context lengths, so a CUDA graph replays it at any context.
 #pragma once
 
 #include <cuda_runtime_api.h>

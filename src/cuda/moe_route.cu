@@ -155,7 +155,9 @@ __global__ void __launch_bounds__(kGroupThreads) group_kernel(const __grid_const
 // memory, and block 0 takes the top-k of each token and groups the pairs by expert.
 constexpr int kRouteCluster = 8;
 constexpr int kRouteThreads = 256;
-constexpr int64_t kMaxFusedPairs = 256;  // tokens × experts: Mixtral's 32 tokens, DeepSeek-V3's one
+// tokens × experts: measured on an H200 (bench/RESULTS.md), the one launch took 10.7 µs for Mixtral's
+// one token (the three kernels 13.9) but 27.3 µs for its 32 tokens (13.8).
+constexpr int64_t kMaxFusedPairs = 32;
 constexpr int64_t kMaxBlockPartials = kMaxFusedPairs * 32 / kRouteCluster;
 
 struct RouteGroupArgs {

@@ -44,7 +44,7 @@ struct GroupArgs {
 void group_by_expert(const GroupArgs& args, cudaStream_t stream);
 
 // route_topk then group_by_expert (group.topk_ids = route.topk_ids); for few tokens (tokens × experts
-// <= 256) in one launch with the same logits, top-k and weights bit for bit (the order of rows
+// <= 32) in one launch with the same logits, top-k and weights bit for bit (the order of rows
 // within an expert may differ, as it may between any two runs).
 void route_and_group(const RouteArgs& route, const GroupArgs& group, cudaStream_t stream);
 
