@@ -307,13 +307,14 @@ __global__ void __launch_bounds__(kThreads, (Tile<kTokenTiles, kFp8>::kMinBlocks
   }
 }
 
-// Blocks of the <kTokenTiles, kFp8> kernel an SM holds at once.
+// Blocks of the <kTokenTiles, kFp8> kernel an SM holds at once (the same on every device); the
+// kernel's shared-memory limit set on the current device (kernel_attributes.h).
 template <int kTokenTiles, bool kFp8>
 int resident_blocks() {
-  static const int resident = [] {
-    constexpr int kSmem = sizeof(GemmSmem<kTokenTiles, kFp8>);
-    auto* kernel = moe_gemm_w4a8_kernel<kTokenTiles, kFp8>;
-    allow_dynamic_smem(reinterpret_cast<const void*>(kernel), kSmem);
+  constexpr int kSmem = sizeof(GemmSmem<kTokenTiles, kFp8>);
+  auto* kernel = moe_gemm_w4a8_kernel<kTokenTiles, kFp8>;
+  allow_dynamic_smem(reinterpret_cast<const void*>(kernel), kSmem);
+  static const int resident = [&] {
     int blocks = 0;
     cuda_check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kThreads, kSmem));
     return std::max(blocks, 1);
