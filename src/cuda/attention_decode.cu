@@ -8,12 +8,17 @@
 #include <cfloat>
 #include <type_traits>
 
+#include "cuda/attention_mma.cuh"
 #include "cuda/cuda_check.h"
 #include "cuda/device.h"
 #include "cuda/ptx.cuh"
 
 namespace nibble::cuda {
 namespace {
+
+using attention_mma::fp8x2_to_f16x2;
+using attention_mma::mma;
+using attention_mma::pack2;
 
 using bf16 = __nv_bfloat16;
 constexpr int kHeadDim = 128;
@@ -36,32 +41,6 @@ struct DecodeArgs {
   int heads, kv_heads, group, splits;
   float q_scale, logit_softcap, v_scale;
 };
-
-// Two FP8 e4m3 values (the low 16 bits) as f16x2, exactly.
-__device__ inline uint32_t fp8x2_to_f16x2(uint32_t pair) {
-  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(pair & 0xFFFFu), __NV_E4M3);
-  return uint32_t{h.x} | (uint32_t{h.y} << 16);
-}
-
-// Two floats as the MMA's 16-bit pair: f16 against an FP8 cache, bf16 against a BF16 one.
-template <bool kFp8>
-__device__ inline uint32_t pack2(float lo, float hi) {
-  if constexpr (kFp8) {
-    const __half2 h = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<const uint32_t*>(&h);
-  } else {
-    const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<const uint32_t*>(&h);
-  }
-}
-
-template <bool kFp8>
-__device__ inline void mma(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
-  if constexpr (kFp8)
-    ptx::mma_f16_16x8x16(d, a, b);
-  else
-    ptx::mma_bf16_16x8x16(d, a, b);
-}
 
 // Tensor-core decode attention. Each warp walks its own 32-key tiles of the block's slice with its own
 // online softmax; the block's four warps merge at the end. Per tile: S (16 × 32) = Q (16 × 128: the

@@ -6,12 +6,19 @@
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
+#include "cuda/attention_mma.cuh"
 #include "cuda/cuda_check.h"
 #include "cuda/kernel_attributes.h"
 #include "cuda/ptx.cuh"
 
 namespace nibble::cuda {
 namespace {
+
+using attention_mma::fp8x2_to_f16x2;
+using attention_mma::mma;
+using attention_mma::pack2;
+using ptx::ldmatrix_x4;
+using ptx::ldmatrix_x4_trans;
 
 using bf16 = __nv_bfloat16;
 constexpr int kHeadDim = 128;
@@ -48,45 +55,6 @@ constexpr int kSmemBytes = 2 * kStageBytes<kFp8> + (kFp8 ? 2 * kTile16 : 0);
 // Byte offset of 16-byte chunk `chunk` of key row `key` in a 16-bit tile: the chunk index is XORed with
 // the row so that the eight rows one ldmatrix phase reads fall in eight different bank groups.
 __device__ inline int swizzle(int key, int chunk) { return (key * kChunks + (chunk ^ (key & 7))) * 16; }
-
-__device__ inline void ldmatrix_x4(uint32_t (&r)[4], const uint8_t* smem) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(ptx::smem_address(smem)));
-}
-
-__device__ inline void ldmatrix_x4_trans(uint32_t (&r)[4], const uint8_t* smem) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(ptx::smem_address(smem)));
-}
-
-// Two FP8 e4m3 values (the low 16 bits) as f16x2, exactly.
-__device__ inline uint32_t fp8x2_to_f16x2(uint32_t pair) {
-  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(pair & 0xFFFFu), __NV_E4M3);
-  return uint32_t{h.x} | (uint32_t{h.y} << 16);
-}
-
-// Two floats as the MMA's 16-bit pair: f16 against an FP8 cache, bf16 against a BF16 one.
-template <bool kFp8>
-__device__ inline uint32_t pack2(float lo, float hi) {
-  if constexpr (kFp8) {
-    const __half2 h = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<const uint32_t*>(&h);
-  } else {
-    const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<const uint32_t*>(&h);
-  }
-}
-
-template <bool kFp8>
-__device__ inline void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  const uint32_t b[2] = {b0, b1};
-  if constexpr (kFp8)
-    ptx::mma_f16_16x8x16(d, a, b);
-  else
-    ptx::mma_bf16_16x8x16(d, a, b);
-}
 
 // Starts copying keys [key0, key0 + kKeys) of KV head kh into a stage; keys at or past `end` are zeros
 // (a finite V, so that their zero weights stay zero).
