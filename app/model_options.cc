@@ -108,7 +108,9 @@ void load_cuda_tp(const ModelConfig& config, const std::optional<Checkpoint>& ch
   std::cerr << (checkpoint ? "loaded " : "made dummy ") << config.model_type << " (" << config.num_hidden_layers
             << " layers, " << config.num_local_experts << " experts) with quantization "
             << quantization_name(loaded.quantization) << " in " << seconds << " s\n"
-            << "tensor parallel: " << o.tp_size << " GPUs (NCCL; peer-to-peer sums and maxima up to 4 MB where the GPUs allow it; NVLS off), " << rank.num_attention_heads
+            << "tensor parallel: " << o.tp_size
+            << " GPUs (NCCL; peer-to-peer sums and maxima up to 4 MB where the GPUs allow it; NVLS off), "
+            << rank.num_attention_heads
             << " attention heads, " << rank.num_key_value_heads << " KV heads and intermediate size "
             << rank.intermediate_size << " each\n";
 }

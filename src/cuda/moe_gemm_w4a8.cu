@@ -1,9 +1,9 @@
 // Grouped INT4 × FP8 (or FP8 × FP8) GEMM kernel (see moe_gemm_w4a8.h for the contract and the weight
 // layouts), shaped for decode: bound by the bytes of the weights, which stream once.
-// Work is cut into units of (active expert, 64 output channels, K split); a persistent grid of blocks
-// walks them with a static stride (units per block differ by at most one), each unit chunk by chunk of
-// kRows rows (one chunk unless an expert has more rows than the tile). Each block is one consumer
-// warpgroup and one producer warp: the producer runs the block's pipeline across its units (no fill or
+// Work is cut into units of (active expert, 64 or 128 output channels, K split); a persistent grid of
+// blocks walks them with a static stride (units per block differ by at most one), each unit chunk by
+// chunk of kRows rows (one chunk unless an expert has more rows than the tile). Each block is one (or
+// two, sharing the activations) consumer warpgroups and one producer warp: the producer runs the block's pipeline across its units (no fill or
 // drain between them), each consumer warp's weights for a stage arriving as one bulk copy (TMA) and the
 // activations as 16-byte cp.async copies, all completing on the stage's mbarrier; the consumers hand
 // each slot back on a second mbarrier. Weights go to registers as wgmma A fragments; activations sit in
@@ -22,9 +22,6 @@
 namespace nibble::cuda {
 namespace {
 
-constexpr int kWarps = 4;  // the consumer warpgroup: 64 output channels
-constexpr int kConsumers = kWarps * 32;
-constexpr int kThreads = kConsumers + 32;  // and one producer warp
 constexpr int kBlocksPerStage = 4;  // 64-wide K blocks per pipeline stage (256 K)
 constexpr int kCoreBytes = 128;     // a wgmma core matrix: 8 rows × 16 bytes
 // How far past the pipeline L2 is asked to fetch weights (0: no L2 prefetch), and K splits aimed at
@@ -36,21 +33,28 @@ constexpr int kUnitsPerSm = 6;
 // Timing experiments (bench/RESULTS.md): NIBBLE_MOE_LEAVE_OUT is a sum of what is left out: 1 the
 // consumers' math, 2 the activation copies, 4 the weight copies (wrong results; the time of the rest).
 enum LeaveOut : int { kNothing = 0, kMath = 1, kActivations = 2, kWeights = 4 };
+// Consumer warpgroups a block (64 output channels each, sharing the stage's activations):
+// NIBBLE_MOE_CONSUMER_GROUPS=2 (INT4 weights only) is an experiment, not yet measured.
+constexpr int kConsumerGroups = 1;
 
 int env_or(const char* name, int fallback) {
   const char* v = std::getenv(name);
   return v != nullptr && *v != '\0' ? std::atoi(v) : fallback;
 }
 
-template <int kTokenTiles, bool kFp8>
+template <int kTokenTiles, bool kFp8, int kGroups>
 struct Tile {
+  static constexpr int kWarps = 4 * kGroups;  // consumer warps: kGroups warpgroups of 64 output channels
+  static constexpr int kConsumers = kWarps * 32;
+  static constexpr int kThreads = kConsumers + 32;  // and one producer warp
   static constexpr int kRows = kTokenTiles * 8;
   static constexpr int kLaneWords = kFp8 ? 2 : 1;               // uint4 a lane per K block
   static constexpr int kWarpBlockBytes = 32 * 16 * kLaneWords;  // a warp's 16 channels, one K block
   static constexpr int kStageBytes = kBlocksPerStage * (kWarps * kWarpBlockBytes + kRows * kGemmKBlock);
   // Blocks an SM should hold (registers permitting), and as many stages as their share of the SM's
   // shared memory allows.
-  static constexpr int kMinBlocks = kTokenTiles <= 2 ? 4 : kTokenTiles == 4 ? 3 : 2;
+  static constexpr int kMinBlocks =
+      kGroups == 1 ? (kTokenTiles <= 2 ? 4 : kTokenTiles == 4 ? 3 : 2) : (kTokenTiles <= 2 ? 2 : 1);
   static constexpr int kStages = std::clamp((220 * 1024 / kMinBlocks - 2048) / kStageBytes, 3, 8);
   // Activation copies a stage, by the producer warp: kRows rows × 4 sixteen-byte columns a K block.
   static constexpr int kActPairs = kRows * 4;  // (row, column) pairs of one K block
@@ -60,10 +64,10 @@ struct Tile {
 // One stage: each warp's weight fragments for the stage's K blocks (one contiguous bulk copy a warp),
 // and the activations as K-major core matrices, core matrix (row group j, 16-byte K column c) at
 // (j · 4 + c) · 128 in each K block: 128 bytes between K neighbours, 512 between row groups.
-template <int kTokenTiles, bool kFp8>
+template <int kTokenTiles, bool kFp8, int kGroups>
 struct alignas(128) GemmSmem {
-  using T = Tile<kTokenTiles, kFp8>;
-  uint4 weights[T::kStages][kWarps][kBlocksPerStage][32 * T::kLaneWords];
+  using T = Tile<kTokenTiles, kFp8, kGroups>;
+  uint4 weights[T::kStages][T::kWarps][kBlocksPerStage][32 * T::kLaneWords];
   uint8_t act[T::kStages][kBlocksPerStage][T::kRows * kGemmKBlock];
   uint64_t full[T::kStages];   // a slot's weights and activations have landed
   uint64_t empty[T::kStages];  // the consumers are done with a slot
@@ -106,19 +110,20 @@ struct Walk {
   __device__ bool valid(const Cursor& c) const { return c.unit < units; }
 };
 
-// Warp-specialized: warps 0-3 (one warpgroup) compute, warp 4 loads. The producer walks the block's
+// Warp-specialized: the first kWarps warps (kGroups warpgroups) compute, the last one loads. The producer walks the block's
 // stages ahead of the consumers, as far as the free slots allow: per stage it waits for the slot to be
 // empty, starts one bulk copy of each consumer warp's weights and its lanes' 16-byte activation copies,
 // all completing on the slot's `full` barrier; the consumers wait for `full`, compute, and release the
 // slot on `empty`. Neither side waits for the other's global loads (a unit's expert and row lookups).
-template <int kTokenTiles, bool kFp8>
-__global__ void __launch_bounds__(kThreads, (Tile<kTokenTiles, kFp8>::kMinBlocks))
+template <int kTokenTiles, bool kFp8, int kGroups>
+__global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups>::kThreads,
+                                  Tile<kTokenTiles, kFp8, kGroups>::kMinBlocks)
     moe_gemm_w4a8_kernel(const __grid_constant__ GemmW4A8Args p) {
-  using T = Tile<kTokenTiles, kFp8>;
-  constexpr int kRows = T::kRows, kStages = T::kStages;
+  using T = Tile<kTokenTiles, kFp8, kGroups>;
+  constexpr int kRows = T::kRows, kStages = T::kStages, kWarps = T::kWarps, kConsumers = T::kConsumers;
   constexpr int kAcc = kRows / 2;  // f32 accumulator registers per thread of an m64 × kRows tile
   extern __shared__ uint4 smem_raw[];
-  auto& sm = *reinterpret_cast<GemmSmem<kTokenTiles, kFp8>*>(smem_raw);
+  auto& sm = *reinterpret_cast<GemmSmem<kTokenTiles, kFp8, kGroups>*>(smem_raw);
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, q = lane & 3;
   const int tiles = static_cast<int>(p.n / 16);
@@ -307,16 +312,17 @@ __global__ void __launch_bounds__(kThreads, (Tile<kTokenTiles, kFp8>::kMinBlocks
   }
 }
 
-// Blocks of the <kTokenTiles, kFp8> kernel an SM holds at once (the same on every device); the
-// kernel's shared-memory limit set on the current device (kernel_attributes.h).
-template <int kTokenTiles, bool kFp8>
+// Blocks of the <kTokenTiles, kFp8, kGroups> kernel an SM holds at once (the same on every device);
+// the kernel's shared-memory limit set on the current device (kernel_attributes.h).
+template <int kTokenTiles, bool kFp8, int kGroups>
 int resident_blocks() {
-  constexpr int kSmem = sizeof(GemmSmem<kTokenTiles, kFp8>);
-  auto* kernel = moe_gemm_w4a8_kernel<kTokenTiles, kFp8>;
+  using T = Tile<kTokenTiles, kFp8, kGroups>;
+  constexpr int kSmem = sizeof(GemmSmem<kTokenTiles, kFp8, kGroups>);
+  auto* kernel = moe_gemm_w4a8_kernel<kTokenTiles, kFp8, kGroups>;
   allow_dynamic_smem(reinterpret_cast<const void*>(kernel), kSmem);
   static const int resident = [&] {
     int blocks = 0;
-    cuda_check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kThreads, kSmem));
+    cuda_check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, T::kThreads, kSmem));
     return std::max(blocks, 1);
   }();
   return resident;
@@ -332,12 +338,13 @@ Grid grid_for(int64_t units, int64_t slots) {
   return {(units + per_block - 1) / per_block, per_block};
 }
 
-template <int kTokenTiles, bool kFp8>
+template <int kTokenTiles, bool kFp8, int kGroups>
 void launch(const GemmW4A8Args& p, cudaStream_t stream) {
-  constexpr int kSmem = sizeof(GemmSmem<kTokenTiles, kFp8>);
-  auto* kernel = moe_gemm_w4a8_kernel<kTokenTiles, kFp8>;
-  const int resident = resident_blocks<kTokenTiles, kFp8>();
-  const int64_t groups = (p.n / 16 + kWarps - 1) / kWarps;
+  using T = Tile<kTokenTiles, kFp8, kGroups>;
+  constexpr int kSmem = sizeof(GemmSmem<kTokenTiles, kFp8, kGroups>);
+  auto* kernel = moe_gemm_w4a8_kernel<kTokenTiles, kFp8, kGroups>;
+  const int resident = resident_blocks<kTokenTiles, kFp8, kGroups>();
+  const int64_t groups = (p.n / 16 + T::kWarps - 1) / T::kWarps;
   const int64_t units = p.expert_slots * groups * p.splits;
   const auto grid = static_cast<unsigned>(grid_for(units, int64_t{multiprocessor_count()} * resident).blocks);
   static const int prefetch_stages = env_or("NIBBLE_MOE_PREFETCH_STAGES", kPrefetchStages);
@@ -347,7 +354,7 @@ void launch(const GemmW4A8Args& p, cudaStream_t stream) {
   args.prefetch_stages = prefetch_stages;
   args.leave_out = leave_out;
   args.evict_first = evict_first;
-  kernel<<<grid, kThreads, kSmem, stream>>>(args);
+  kernel<<<grid, T::kThreads, kSmem, stream>>>(args);
   cuda_check(cudaGetLastError());
 }
 
@@ -358,12 +365,26 @@ int token_tiles_for(int64_t rows, int64_t expert_slots) {
   return per_expert <= 4 ? 1 : per_expert <= 8 ? 2 : per_expert <= 16 ? 4 : 8;
 }
 
+int consumer_groups() {
+  static const int groups = std::clamp(env_or("NIBBLE_MOE_CONSUMER_GROUPS", kConsumerGroups), 1, 2);
+  return groups;
+}
+
+template <int kTokenTiles>
+void launch_tiles(const GemmW4A8Args& p, cudaStream_t stream) {
+  if (p.weight_format == ExpertWeightFormat::kFp8) return launch<kTokenTiles, true, 1>(p, stream);
+  const int groups = p.consumer_groups > 0 ? p.consumer_groups : consumer_groups();
+  if (groups == 2) return launch<kTokenTiles, false, 2>(p, stream);
+  launch<kTokenTiles, false, 1>(p, stream);
+}
+
 }  // namespace
 
 int64_t choose_k_splits(int64_t n, int64_t k, int64_t expert_slots, int64_t rows, int num_sms) {
   (void)rows;
   const int64_t kblocks = k / kGemmKBlock;
-  const int64_t pairs = expert_slots * ((n / 16 + kWarps - 1) / kWarps);  // (expert, 64 channels)
+  const int64_t warps = 4 * consumer_groups();
+  const int64_t pairs = expert_slots * ((n / 16 + warps - 1) / warps);  // (expert, a block's channels)
   static const int units_per_sm = env_or("NIBBLE_MOE_UNITS_PER_SM", kUnitsPerSm);
   const int64_t most = std::max<int64_t>(1, kblocks / kBlocksPerStage);
   auto no_empty_split = [&](int64_t splits) {
@@ -381,12 +402,11 @@ void moe_gemm_w4a8(const GemmW4A8Args& p, cudaStream_t stream) {
   check(p.splits >= 1 && p.expert_slots >= 1 && p.splits <= kblocks &&
             (p.splits - 1) * ((kblocks + p.splits - 1) / p.splits) < kblocks,
         "moe_gemm_w4a8: bad grid (", p.splits, " K splits of ", kblocks, " K blocks)");
-  const bool fp8 = p.weight_format == ExpertWeightFormat::kFp8;
   switch (token_tiles_for(p.max_rows, p.expert_slots)) {
-    case 1: return fp8 ? launch<1, true>(p, stream) : launch<1, false>(p, stream);
-    case 2: return fp8 ? launch<2, true>(p, stream) : launch<2, false>(p, stream);
-    case 4: return fp8 ? launch<4, true>(p, stream) : launch<4, false>(p, stream);
-    default: return fp8 ? launch<8, true>(p, stream) : launch<8, false>(p, stream);
+    case 1: return launch_tiles<1>(p, stream);
+    case 2: return launch_tiles<2>(p, stream);
+    case 4: return launch_tiles<4>(p, stream);
+    default: return launch_tiles<8>(p, stream);
   }
 }
 

@@ -114,20 +114,8 @@ TEST_P(MoeGemm, MatchesItsDefinition) {
   const Tensor d_scale = cuda::upload(w.scale), d_codes = cuda::upload(codes), d_scales = cuda::upload(scales),
                d_sums = cuda::upload(sums), d_act_row = cuda::upload(i32_tensor(act_row)),
                d_offsets = cuda::upload(i32_tensor(offsets)), d_active = cuda::upload(i32_tensor(active));
-  Tensor d_out = poisoned(DType::kF32, {splits, rows, N});
-  cuda::moe_gemm_w4a8({.weights = d_weights.raw(), .weight_scale = d_scale.data<float>(),
-                       .act = d_codes.data<uint8_t>(), .act_scale = d_scales.data<float>(),
-                       .act_sums = d_sums.data<float>(), .act_row = d_act_row.data<int32_t>(),
-                       .expert_offsets = d_offsets.data<int32_t>(), .active_experts = d_active.data<int32_t>(),
-                       .out = d_out.data<float>(), .max_rows = rows, .num_experts = E, .n = N, .k = K,
-                       .expert_slots = slots, .splits = splits},
-                      nullptr);
-  const Tensor out = cuda::download(d_out);
-
-  // Sum the splits and compare with the definition, in double.
-  std::vector<float> got(rows * N, 0.0f), ref(rows * N);
-  for (int64_t s = 0; s < splits; ++s)
-    for (int64_t i = 0; i < rows * N; ++i) got[i] += out.data<float>()[s * rows * N + i];
+  // The definition, in double.
+  std::vector<float> ref(rows * N);
   for (int64_t e = 0; e < E; ++e)
     for (int64_t r = offsets[e]; r < offsets[e + 1]; ++r) {
       const int64_t t = act_row[r];
@@ -139,10 +127,25 @@ TEST_P(MoeGemm, MatchesItsDefinition) {
         ref[r * N + n] = static_cast<float>(acc * scales.data<float>()[t] * w.scale.data<float>()[e * N + n]);
       }
     }
-  const double err = rel_l2(ref.data(), got.data(), rows * N);
-  std::cout << "E=" << E << " N=" << N << " K=" << K << " T=" << T << " top-k=" << top_k << " splits=" << splits
-            << ": relative L2 " << err << "\n";
-  EXPECT_LE(err, 1e-3);
+  // Blocks of one and of two consumer warpgroups; the splits summed.
+  for (const int groups : {1, 2}) {
+    Tensor d_out = poisoned(DType::kF32, {splits, rows, N});
+    cuda::moe_gemm_w4a8({.weights = d_weights.raw(), .weight_scale = d_scale.data<float>(),
+                         .act = d_codes.data<uint8_t>(), .act_scale = d_scales.data<float>(),
+                         .act_sums = d_sums.data<float>(), .act_row = d_act_row.data<int32_t>(),
+                         .expert_offsets = d_offsets.data<int32_t>(), .active_experts = d_active.data<int32_t>(),
+                         .out = d_out.data<float>(), .max_rows = rows, .num_experts = E, .n = N, .k = K,
+                         .expert_slots = slots, .splits = splits, .consumer_groups = groups},
+                        nullptr);
+    const Tensor out = cuda::download(d_out);
+    std::vector<float> got(rows * N, 0.0f);
+    for (int64_t s = 0; s < splits; ++s)
+      for (int64_t i = 0; i < rows * N; ++i) got[i] += out.data<float>()[s * rows * N + i];
+    const double err = rel_l2(ref.data(), got.data(), rows * N);
+    std::cout << "E=" << E << " N=" << N << " K=" << K << " T=" << T << " top-k=" << top_k << " splits=" << splits
+              << " consumer warpgroups " << groups << ": relative L2 " << err << "\n";
+    EXPECT_LE(err, 1e-3) << groups << " consumer warpgroups";
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, MoeGemm,
@@ -372,7 +375,8 @@ TEST(MoeLayerFp8, MatchesCpuTwin) {
     };
     MoeWeights host{.router = to_bf16(random_f32({E, H}, 9, 0.05f)),
                     .experts = {.format = WeightFormat::kFp8, .num_experts = E, .hidden_size = H,
-                                .intermediate_size = I, .gate_up = gate_up, .gate_up_scale = filled({E, 2 * I}, gate_up_scale),
+                                .intermediate_size = I, .gate_up = gate_up,
+                                .gate_up_scale = filled({E, 2 * I}, gate_up_scale),
                                 .down = down, .down_scale = filled({E, H}, down_scale)}};
     const LayerErrors err = layer_error(host, {.top_k = top_k}, T);
     std::cout << "FP8 experts E=" << E << " H=" << H << " I=" << I << " T=" << T << ": ";
