@@ -2,12 +2,15 @@
 #include "cuda/cuda_ops.h"
 
 #include <cmath>
+#include <cstdlib>
+#include <string_view>
 #include <vector>
 
 #include "cuda/argmax.h"
 #include "cuda/basic_ops.h"
 #include "cuda/cuda_check.h"
 #include "cuda/device.h"
+#include "cuda/sampling.h"
 
 namespace nibble::cuda {
 
@@ -119,6 +122,17 @@ void CudaOps::add_rms_norm(Tensor& x, const Tensor& y, const Tensor& weight, flo
 void CudaOps::scale(Tensor& x, float factor) { cuda::scale(x, factor, stream_); }
 
 void CudaOps::argmax(const Tensor& x, Tensor& out) { argmax_rows(x, out, stream_); }
+
+void CudaOps::sample(const Tensor& logits, const Tensor& temperatures, const Tensor& keys, Tensor& out) {
+  static const bool on_device = [] {
+    const char* v = std::getenv("NIBBLE_DEVICE_SAMPLING");
+    return v != nullptr && std::string_view(v) == "1";
+  }();
+  if (on_device) return sample_rows(logits, temperatures, keys, out, stream_);
+  Tensor ids = Tensor::zeros(DType::kI32, {logits.dim(0)});
+  Ops::sample(download(logits), download(temperatures), download(keys), ids);
+  copy_to_device(ids, out);
+}
 
 void CudaOps::linear(const Tensor& x, const Linear& w, Tensor& out, Communicator* row_group) {
   cuda::linear(x, w, out, cublas_, linear_ws_, stream_, row_group);

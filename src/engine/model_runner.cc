@@ -39,6 +39,29 @@ std::vector<int32_t> ModelRunner::sample(const std::vector<ScheduledSeq>& step, 
       if (s.samples) sampled.push_back(host.data<int32_t>()[sampled.size()]);
     return sampled;
   }
+  const bool unfiltered = std::all_of(step.begin(), step.end(), [](const ScheduledSeq& s) {
+    return !s.samples || s.seq->sampler.greedy() || s.seq->sampler.unfiltered();
+  });
+  if (unfiltered) {  // argmax or Gumbel-max draws where the logits are (Ops::sample)
+    const int64_t rows = logits.dim(0);
+    Tensor temperatures = Tensor::zeros(DType::kF32, {rows}), keys = Tensor::zeros(DType::kI64, {rows});
+    int64_t r = 0;
+    for (const ScheduledSeq& s : step) {
+      if (!s.samples) continue;
+      Sampler& sampler = s.seq->sampler;
+      if (!sampler.greedy()) {
+        temperatures.data<float>()[r] = sampler.temperature();
+        keys.data<int64_t>()[r] = static_cast<int64_t>(sampler.next_key());
+      }
+      ++r;
+    }
+    Tensor ids = ops.empty(DType::kI32, {rows});
+    ops.sample(logits, ops.upload(temperatures), ops.upload(keys), ids);
+    const Tensor host = ops.download(ids);
+    for (const ScheduledSeq& s : step)
+      if (s.samples) sampled.push_back(host.data<int32_t>()[sampled.size()]);
+    return sampled;
+  }
   const Tensor host = ops.download(logits);
   const auto vocab = static_cast<std::size_t>(host.dim(1));
   for (const ScheduledSeq& s : step)

@@ -6,6 +6,7 @@
 #include <numeric>
 #include <vector>
 
+#include "core/counter_rng.h"
 #include "core/error.h"
 
 namespace nibble {
@@ -23,8 +24,12 @@ int32_t argmax(std::span<const float> values) {
   return static_cast<int32_t>(std::max_element(values.begin(), values.end()) - values.begin());
 }
 
+uint64_t Sampler::next_key() { return splitmix64(params_.seed ^ splitmix64(draws_++)); }
+
 int32_t Sampler::sample(std::span<const float> logits) {
   if (greedy()) return argmax(logits);
+  if (unfiltered())
+    return gumbel_argmax(logits.data(), static_cast<int64_t>(logits.size()), params_.temperature, next_key());
   const auto n = static_cast<int64_t>(logits.size());
   std::vector<int32_t> order(n);
   std::iota(order.begin(), order.end(), 0);

@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <cstring>
 
+#include "core/counter_rng.h"
+
 namespace nibble {
 
 MoeWeights Ops::prepare_moe(const MoeWeights& host) {
@@ -33,6 +35,23 @@ void Ops::argmax(const Tensor& x, Tensor& out) {
   for (int64_t r = 0; r < x.dim(0); ++r) {
     const float* row = x.data<float>() + r * V;
     out.data<int32_t>()[r] = static_cast<int32_t>(std::max_element(row, row + V) - row);
+  }
+}
+
+void Ops::sample(const Tensor& logits, const Tensor& temperatures, const Tensor& keys, Tensor& out) {
+  check(logits.device() == Device::kCpu && temperatures.device() == Device::kCpu && keys.device() == Device::kCpu &&
+            out.device() == Device::kCpu,
+        "sample: host tensors expected");
+  expect(logits, DType::kF32, {-1, -1}, "sample logits");
+  const int64_t R = logits.dim(0), V = logits.dim(1);
+  expect(temperatures, DType::kF32, {R}, "sample temperatures");
+  expect(keys, DType::kI64, {R}, "sample keys");
+  expect(out, DType::kI32, {R}, "sample output");
+  for (int64_t r = 0; r < R; ++r) {
+    const float* row = logits.data<float>() + r * V;
+    const float t = temperatures.data<float>()[r];
+    out.data<int32_t>()[r] = t == 0.0f ? static_cast<int32_t>(std::max_element(row, row + V) - row)
+                                       : gumbel_argmax(row, V, t, static_cast<uint64_t>(keys.data<int64_t>()[r]));
   }
 }
 

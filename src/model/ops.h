@@ -88,6 +88,10 @@ class Ops {
   // index (greedy sampling where the logits are: a step downloads R ids instead of R·V logits). The
   // default works on host tensors (CPU backend).
   virtual void argmax(const Tensor& x, Tensor& out);
+  // out (R) I32 = a token for each row of logits (R, V) F32: its argmax where temperatures (R) F32 is
+  // 0, else the Gumbel-max draw from softmax(row / temperature) under keys (R) I64 (a uint64's bits;
+  // gumbel_argmax in core/counter_rng.h). The default works on host tensors (CPU backend).
+  virtual void sample(const Tensor& logits, const Tensor& temperatures, const Tensor& keys, Tensor& out);
 
   // out (T, H) F32 = table[ids] for ids (T) I32 and table (V, H) BF16 (exact: BF16 values).
   virtual void embedding(const Tensor& ids, const Tensor& table, Tensor& out) = 0;
