@@ -89,7 +89,7 @@ void linear(const Tensor& x, const Linear& w, Tensor& out, cublasHandle_t handle
   grow(ws.lt_scratch, DType::kU8, static_cast<int64_t>(kLtScratchBytes), ws.retired);
   QuantizeRowsArgs quantize{.x = x.raw(), .codes = ws.x_fp8.data<uint8_t>(), .scale = ws.x_scale.data<float>(),
                             .sums = nullptr, .rows = T, .cols = K, .static_scale = w.input_scale};
-  if (row_group != nullptr && w.input_scale <= 0.0f) {  // each row's amax over every rank's slice first
+  if (row_group != nullptr && w.input_scale <= 0.0f && !tp_local_amax()) {  // the row's amax over every rank
     grow(ws.x_amax, DType::kF32, T, ws.retired);
     QuantizeRowsArgs amax = quantize;
     amax.amax_out = ws.x_amax.data<float>();

@@ -5,6 +5,8 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <string_view>
 
 #include "cuda/activation.cuh"
 #include "cuda/cuda_check.h"
@@ -220,9 +222,17 @@ void activation_quantize_fp8(const ActivationArgs& p, cudaStream_t stream) {
   cuda_check(cudaLaunchKernelEx(&config, activation_kernel, p));
 }
 
+bool tp_local_amax() {
+  static const bool local = [] {
+    const char* v = std::getenv("NIBBLE_TP_LOCAL_AMAX");
+    return v != nullptr && std::string_view(v) == "1";
+  }();
+  return local;
+}
+
 void activation_quantize_fp8(const ActivationArgs& p, Communicator* communicator, Tensor& amax,
                              cudaStream_t stream) {
-  if (communicator == nullptr) return activation_quantize_fp8(p, stream);
+  if (communicator == nullptr || tp_local_amax()) return activation_quantize_fp8(p, stream);
   check(amax.dtype() == DType::kF32 && amax.numel() >= p.rows, "activation_quantize_fp8: amax scratch too small");
   ActivationArgs pass = p;
   pass.amax_out = amax.data<float>();

@@ -60,4 +60,9 @@ void activation_quantize_fp8(const ActivationArgs& args, cudaStream_t stream);
 void activation_quantize_fp8(const ActivationArgs& args, Communicator* communicator, Tensor& amax,
                              cudaStream_t stream);
 
+// NIBBLE_TP_LOCAL_AMAX=1 (an experiment): under tensor parallelism each rank quantizes its slice of a
+// row with the slice's own amax instead of the row's over all ranks (no all_reduce_max; every rank's
+// scale is applied before the sum, so the result is as valid, only no longer tp 1's rounding).
+bool tp_local_amax();
+
 }  // namespace nibble::cuda
