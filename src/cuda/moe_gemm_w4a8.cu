@@ -11,6 +11,7 @@
 // to fp32 registers, so accumulation error does not grow with K.
 #include <algorithm>
 #include <cstdlib>
+#include <string>
 
 #include "cuda/cuda_check.h"
 #include "cuda/device.h"
@@ -36,14 +37,17 @@ enum LeaveOut : int { kNothing = 0, kMath = 1, kActivations = 2, kWeights = 4 };
 // Consumer warpgroups a block (64 output channels each, sharing the stage's activations):
 // NIBBLE_MOE_CONSUMER_GROUPS=2 (INT4 weights only) is an experiment, not yet measured.
 constexpr int kConsumerGroups = 1;
+// The decode tiles' tensor-core instructions (moe_gemm_w4a8.h: GemmMath); NIBBLE_MOE_MATH overrides.
+constexpr GemmMath kDefaultMath = GemmMath::kWgmma;
 
 int env_or(const char* name, int fallback) {
   const char* v = std::getenv(name);
   return v != nullptr && *v != '\0' ? std::atoi(v) : fallback;
 }
 
-template <int kTokenTiles, bool kFp8, int kGroups>
+template <int kTokenTiles, bool kFp8, int kGroups, bool kMma>
 struct Tile {
+  static_assert(!kMma || (kGroups == 1 && !kFp8 && kTokenTiles <= 2), "mma.sync: INT4, one group, <= 16 rows");
   static constexpr int kWarps = 4 * kGroups;  // consumer warps: kGroups warpgroups of 64 output channels
   static constexpr int kConsumers = kWarps * 32;
   static constexpr int kThreads = kConsumers + 32;  // and one producer warp
@@ -51,11 +55,14 @@ struct Tile {
   static constexpr int kLaneWords = kFp8 ? 2 : 1;               // uint4 a lane per K block
   static constexpr int kWarpBlockBytes = 32 * 16 * kLaneWords;  // a warp's 16 channels, one K block
   static constexpr int kStageBytes = kBlocksPerStage * (kWarps * kWarpBlockBytes + kRows * kGemmKBlock);
+  // mma.sync: each warp's partial sums of the other warps' 16-channel tiles, (writer, tile, row tile, lane).
+  static constexpr int kReduceSlots = kMma ? kWarps * kWarps * kTokenTiles * 32 : 1;
   // Blocks an SM should hold (registers permitting), and as many stages as their share of the SM's
   // shared memory allows.
   static constexpr int kMinBlocks =
       kGroups == 1 ? (kTokenTiles <= 2 ? 4 : kTokenTiles == 4 ? 3 : 2) : (kTokenTiles <= 2 ? 2 : 1);
-  static constexpr int kStages = std::clamp((220 * 1024 / kMinBlocks - 2048) / kStageBytes, 3, 8);
+  static constexpr int kStages =
+      std::clamp((220 * 1024 / kMinBlocks - 2048 - (kMma ? kReduceSlots * 16 : 0)) / kStageBytes, 3, 8);
   // Activation copies a stage, by the producer warp: kRows rows × 4 sixteen-byte columns a K block.
   static constexpr int kActPairs = kRows * 4;  // (row, column) pairs of one K block
   static constexpr int kPairsPerLane = kActPairs / 32;
@@ -64,16 +71,32 @@ struct Tile {
 // One stage: each warp's weight fragments for the stage's K blocks (one contiguous bulk copy a warp),
 // and the activations as K-major core matrices, core matrix (row group j, 16-byte K column c) at
 // (j · 4 + c) · 128 in each K block: 128 bytes between K neighbours, 512 between row groups.
-template <int kTokenTiles, bool kFp8, int kGroups>
+template <int kTokenTiles, bool kFp8, int kGroups, bool kMma>
 struct alignas(128) GemmSmem {
-  using T = Tile<kTokenTiles, kFp8, kGroups>;
+  using T = Tile<kTokenTiles, kFp8, kGroups, kMma>;
   uint4 weights[T::kStages][T::kWarps][kBlocksPerStage][32 * T::kLaneWords];
   uint8_t act[T::kStages][kBlocksPerStage][T::kRows * kGemmKBlock];
   uint64_t full[T::kStages];   // a slot's weights and activations have landed
   uint64_t empty[T::kStages];  // the consumers are done with a slot
   float token_sum[T::kRows];
   float token_scale[T::kRows];
+  float4 reduce[T::kReduceSlots];
 };
+
+// Two FP8 e4m3 values (low byte first) as two f16 (exact).
+__device__ inline uint32_t e4m3x2_to_f16x2(uint32_t two_bytes) {
+  uint32_t r;
+  asm("{\n.reg .b16 v;\ncvt.u16.u32 v, %1;\ncvt.rn.f16x2.e4m3x2 %0, v;\n}\n" : "=r"(r) : "r"(two_bytes));
+  return r;
+}
+
+// d (16×8 f32) += a (16×16 f16) · b (16×8 f16); not volatile, so that the scheduler may interleave.
+__device__ inline void mma_f16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
 
 // A position in a block's walk over its units: unit, row chunk of the unit's expert, pipeline stage.
 struct Cursor {
@@ -115,15 +138,17 @@ struct Walk {
 // empty, starts one bulk copy of each consumer warp's weights and its lanes' 16-byte activation copies,
 // all completing on the slot's `full` barrier; the consumers wait for `full`, compute, and release the
 // slot on `empty`. Neither side waits for the other's global loads (a unit's expert and row lookups).
-template <int kTokenTiles, bool kFp8, int kGroups>
-__global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups>::kThreads,
-                                  Tile<kTokenTiles, kFp8, kGroups>::kMinBlocks)
+template <int kTokenTiles, bool kFp8, int kGroups, bool kMma>
+__global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThreads,
+                                  Tile<kTokenTiles, kFp8, kGroups, kMma>::kMinBlocks)
     moe_gemm_w4a8_kernel(const __grid_constant__ GemmW4A8Args p) {
-  using T = Tile<kTokenTiles, kFp8, kGroups>;
+  using T = Tile<kTokenTiles, kFp8, kGroups, kMma>;
   constexpr int kRows = T::kRows, kStages = T::kStages, kWarps = T::kWarps, kConsumers = T::kConsumers;
-  constexpr int kAcc = kRows / 2;  // f32 accumulator registers per thread of an m64 × kRows tile
+  // f32 accumulator registers a thread: an m64 × kRows wgmma tile, or mma.sync's 4 channel tiles ×
+  // kTokenTiles row tiles × 4.
+  constexpr int kAcc = kMma ? kWarps * kTokenTiles * 4 : kRows / 2;
   extern __shared__ uint4 smem_raw[];
-  auto& sm = *reinterpret_cast<GemmSmem<kTokenTiles, kFp8, kGroups>*>(smem_raw);
+  auto& sm = *reinterpret_cast<GemmSmem<kTokenTiles, kFp8, kGroups, kMma>*>(smem_raw);
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, q = lane & 3;
   const int tiles = static_cast<int>(p.n / 16);
@@ -138,7 +163,7 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups>::kThreads,
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
       ptx::mbarrier_init(&sm.full[s], 1 + 32);  // the producer's expect_tx, then each lane's copies
-      ptx::mbarrier_init(&sm.empty[s], kWarps);
+      ptx::mbarrier_init(&sm.empty[s], kMma ? kConsumers : kWarps);  // mma.sync: every lane arrives
     }
     ptx::fence_mbarrier_init();
   }
@@ -219,15 +244,63 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups>::kThreads,
   for (int step = 0; walk.valid(compute); ++step) {
     const int slot = step % kStages;
     ptx::mbarrier_wait(&sm.full[slot], (step / kStages) & 1);
-    wgmma::fence_proxy_async();  // the activation copies are generic-proxy writes that wgmma reads
+    if constexpr (!kMma) wgmma::fence_proxy_async();  // the activation copies are generic-proxy writes
 
     const int first = compute.kb_begin + compute.stage * kBlocksPerStage;
     const int nkb = min(kBlocksPerStage, compute.kb_begin + compute.kb_count - first);
     if (p.leave_out & kMath) {
-      if (lane == 0) ptx::mbarrier_arrive(&sm.empty[slot]);
+      if (kMma || lane == 0) ptx::mbarrier_arrive(&sm.empty[slot]);
       walk.advance(compute, p);
       continue;
     }
+    if constexpr (kMma) {
+      // This warp's K block of the stage (warp b takes block b), all four 16-channel tiles: the weights
+      // and the live row tiles' activations to registers, the slot handed back, then the math.
+      const int b = warp, rows_left = compute.rows - compute.chunk * kRows;
+      if (b < nkb) {
+        uint4 w[kWarps];
+#pragma unroll
+        for (int mt = 0; mt < kWarps; ++mt) w[mt] = sm.weights[slot][mt][b][lane];
+        // Lane (g, q) reads K 4q..4q+3 of row g of each 16-wide K step: physical K 4q, 4q+2 are its
+        // logical 2q, 2q+1 (b0) and 4q+1, 4q+3 its 2q+8, 2q+9 (b1), as in the weights below.
+        uint32_t x[kTokenTiles][4];
+#pragma unroll
+        for (int nt = 0; nt < kTokenTiles; ++nt)
+#pragma unroll
+          for (int s = 0; s < 4; ++s)
+            x[nt][s] = nt * 8 < rows_left ? *reinterpret_cast<const uint32_t*>(
+                                                &sm.act[slot][b][(nt * 4 + s) * kCoreBytes + g * 16 + 4 * q])
+                                          : 0u;
+        ptx::mbarrier_arrive(&sm.empty[slot]);  // this lane is done reading the slot
+#pragma unroll
+        for (int s = 0; s < 4; ++s) {
+          uint32_t bf[kTokenTiles][2];
+#pragma unroll
+          for (int nt = 0; nt < kTokenTiles; ++nt) {
+            const uint32_t y = __byte_perm(x[nt][s], 0, 0x3120);
+            bf[nt][0] = e4m3x2_to_f16x2(y & 0xFFFFu);
+            bf[nt][1] = e4m3x2_to_f16x2(y >> 16);
+          }
+#pragma unroll
+          for (int mt = 0; mt < kWarps; ++mt) {
+            // Byte i of the word: K 4q + i, row g in its low nibble and g + 8 in its high one. Masked
+            // in place, a nibble u is the f16 subnormal u · 2^-24 (low) or u · 2^-20 (high: rows g + 8,
+            // scaled back in the epilogue).
+            const uint32_t word = s == 0 ? w[mt].x : s == 1 ? w[mt].y : s == 2 ? w[mt].z : w[mt].w;
+            const uint32_t odd = word >> 8;
+            const uint32_t a[4] = {word & 0x000F000Fu, word & 0x00F000F0u, odd & 0x000F000Fu, odd & 0x00F000F0u};
+#pragma unroll
+            for (int nt = 0; nt < kTokenTiles; ++nt)
+              if (nt == 0 || nt * 8 < rows_left) {
+                float(&d)[4] = *reinterpret_cast<float(*)[4]>(&acc[(mt * kTokenTiles + nt) * 4]);
+                mma_f16(d, a, bf[nt]);
+              }
+          }
+        }
+      } else {
+        ptx::mbarrier_arrive(&sm.empty[slot]);
+      }
+    } else {
     // Two halves of two K blocks (128 K each), each summed by the tensor cores, then promoted. Every
     // wgmma is issued (a branch around one makes ptxas serialize them all); a K block past the split's
     // end has zero weights here and zero activations from the producer.
@@ -270,6 +343,7 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups>::kThreads,
     if (lane == 0) ptx::mbarrier_arrive(&sm.empty[slot]);  // this warp is done reading the slot
 #pragma unroll
     for (int j = 0; j < kAcc; ++j) acc[j] += d[1][j];
+    }
 
     if (compute.stage == compute.stages - 1) {  // the chunk's last stage: write its rows out
       // Each row's Σ a over this split's K blocks (INT4's offset correction) and its scale.
@@ -290,9 +364,53 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups>::kThreads,
         sm.token_sum[rr] = sum;
         sm.token_scale[rr] = act_row >= 0 ? p.act_scale[act_row] : 0.0f;
       }
+      if constexpr (kMma) {  // the partial sums of the other warps' channel tiles
+#pragma unroll
+        for (int mt = 0; mt < kWarps; ++mt)
+#pragma unroll
+          for (int nt = 0; nt < kTokenTiles; ++nt) {
+            const float* d = &acc[(mt * kTokenTiles + nt) * 4];
+            if (mt != warp) sm.reduce[((warp * kWarps + mt) * kTokenTiles + nt) * 32 + lane] = {d[0], d[1], d[2], d[3]};
+          }
+      }
       ptx::named_barrier_sync(1, kConsumers);
       const int tile = compute.group * kWarps + warp;
-      if (tile < tiles) {
+      if (kMma && tile < tiles) {
+        // This warp's tile summed over the four warps' K blocks. Accumulator j of row tile nt: channel
+        // g (j < 2) or g + 8, row 8·nt + 2q + j % 2.
+        float sum[kTokenTiles][4];
+#pragma unroll
+        for (int nt = 0; nt < kTokenTiles; ++nt)
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            float v = 0.0f;
+#pragma unroll
+            for (int mt = 0; mt < kWarps; ++mt)
+              if (mt == warp) v = acc[(mt * kTokenTiles + nt) * 4 + j];
+            sum[nt][j] = v;
+          }
+#pragma unroll
+        for (int other = 0; other < kWarps; ++other) {
+          if (other == warp) continue;
+#pragma unroll
+          for (int nt = 0; nt < kTokenTiles; ++nt) {
+            const float4 r = sm.reduce[((other * kWarps + warp) * kTokenTiles + nt) * 32 + lane];
+            sum[nt][0] += r.x, sum[nt][1] += r.y, sum[nt][2] += r.z, sum[nt][3] += r.w;
+          }
+        }
+        const float* wscale = p.weight_scale + static_cast<int64_t>(compute.expert) * p.n;
+        float* out = p.out + (compute.split * p.max_rows + compute.row_begin + compute.chunk * kRows) * p.n;
+#pragma unroll
+        for (int nt = 0; nt < kTokenTiles; ++nt)
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            const int row = nt * 8 + 2 * q + (j & 1);
+            const int64_t channel = tile * 16 + g + ((j & 2) ? 8 : 0);
+            if (compute.chunk * kRows + row >= compute.rows) continue;
+            const float dot = sum[nt][j] * ((j & 2) ? 1048576.0f : 16777216.0f) - 8.0f * sm.token_sum[row];
+            out[row * p.n + channel] = dot * sm.token_scale[row] * wscale[channel];
+          }
+      } else if (!kMma && tile < tiles) {
         const float* wscale = p.weight_scale + static_cast<int64_t>(compute.expert) * p.n;
         float* out = p.out + (compute.split * p.max_rows + compute.row_begin + compute.chunk * kRows) * p.n;
         // Accumulator j: row group j / 4 of 8 rows; channels g (j % 4 < 2) or g + 8; row 2q + j % 2.
@@ -312,13 +430,13 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups>::kThreads,
   }
 }
 
-// Blocks of the <kTokenTiles, kFp8, kGroups> kernel an SM holds at once (the same on every device);
-// the kernel's shared-memory limit set on the current device (kernel_attributes.h).
-template <int kTokenTiles, bool kFp8, int kGroups>
+// Blocks of the <kTokenTiles, kFp8, kGroups, kMma> kernel an SM holds at once (the same on every
+// device); the kernel's shared-memory limit set on the current device (kernel_attributes.h).
+template <int kTokenTiles, bool kFp8, int kGroups, bool kMma>
 int resident_blocks() {
-  using T = Tile<kTokenTiles, kFp8, kGroups>;
-  constexpr int kSmem = sizeof(GemmSmem<kTokenTiles, kFp8, kGroups>);
-  auto* kernel = moe_gemm_w4a8_kernel<kTokenTiles, kFp8, kGroups>;
+  using T = Tile<kTokenTiles, kFp8, kGroups, kMma>;
+  constexpr int kSmem = sizeof(GemmSmem<kTokenTiles, kFp8, kGroups, kMma>);
+  auto* kernel = moe_gemm_w4a8_kernel<kTokenTiles, kFp8, kGroups, kMma>;
   allow_dynamic_smem(reinterpret_cast<const void*>(kernel), kSmem);
   static const int resident = [&] {
     int blocks = 0;
@@ -338,12 +456,12 @@ Grid grid_for(int64_t units, int64_t slots) {
   return {(units + per_block - 1) / per_block, per_block};
 }
 
-template <int kTokenTiles, bool kFp8, int kGroups>
+template <int kTokenTiles, bool kFp8, int kGroups, bool kMma = false>
 void launch(const GemmW4A8Args& p, cudaStream_t stream) {
-  using T = Tile<kTokenTiles, kFp8, kGroups>;
-  constexpr int kSmem = sizeof(GemmSmem<kTokenTiles, kFp8, kGroups>);
-  auto* kernel = moe_gemm_w4a8_kernel<kTokenTiles, kFp8, kGroups>;
-  const int resident = resident_blocks<kTokenTiles, kFp8, kGroups>();
+  using T = Tile<kTokenTiles, kFp8, kGroups, kMma>;
+  constexpr int kSmem = sizeof(GemmSmem<kTokenTiles, kFp8, kGroups, kMma>);
+  auto* kernel = moe_gemm_w4a8_kernel<kTokenTiles, kFp8, kGroups, kMma>;
+  const int resident = resident_blocks<kTokenTiles, kFp8, kGroups, kMma>();
   const int64_t groups = (p.n / 16 + T::kWarps - 1) / T::kWarps;
   const int64_t units = p.expert_slots * groups * p.splits;
   const auto grid = static_cast<unsigned>(grid_for(units, int64_t{multiprocessor_count()} * resident).blocks);
@@ -370,9 +488,24 @@ int consumer_groups() {
   return groups;
 }
 
+// NIBBLE_MOE_MATH: "mma" or "wgmma" (measurements: bench/RESULTS.md).
+GemmMath gemm_math() {
+  static const GemmMath math = [] {
+    const char* v = std::getenv("NIBBLE_MOE_MATH");
+    const std::string name = v != nullptr ? v : "";
+    check(name.empty() || name == "mma" || name == "wgmma", "NIBBLE_MOE_MATH must be mma or wgmma, not ", name);
+    return name == "mma" ? GemmMath::kMmaSync : name == "wgmma" ? GemmMath::kWgmma : kDefaultMath;
+  }();
+  return math;
+}
+
 template <int kTokenTiles>
 void launch_tiles(const GemmW4A8Args& p, cudaStream_t stream) {
   if (p.weight_format == ExpertWeightFormat::kFp8) return launch<kTokenTiles, true, 1>(p, stream);
+  if constexpr (kTokenTiles <= 2) {
+    if ((p.math != GemmMath::kDefault ? p.math : gemm_math()) == GemmMath::kMmaSync)
+      return launch<kTokenTiles, false, 1, true>(p, stream);
+  }
   const int groups = p.consumer_groups > 0 ? p.consumer_groups : consumer_groups();
   if (groups == 2) return launch<kTokenTiles, false, 2>(p, stream);
   launch<kTokenTiles, false, 1>(p, stream);

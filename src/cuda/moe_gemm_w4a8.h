@@ -27,6 +27,14 @@ inline constexpr int kGemmKBlock = 64;  // K granularity of the layout and of th
 // (both K steps' A fragments as stored, no offset correction); their activation sums are not read.
 enum class ExpertWeightFormat : uint8_t { kInt4, kFp8 };
 
+// The tensor-core instructions of the decode GEMM (INT4 weights, at most 16 rows a tile):
+// kWgmma: one warpgroup's wgmma m64nNk32 e4m3 a 64-channel tile (the weights' nibbles as FP8 bytes).
+// kMmaSync: each warp mma.sync m16n8k16 f16 over all 64 channels of one K block of the stage (the
+// nibbles as f16 subnormals, the FP8 activations converted to f16, both exact; the four warps' partial
+// sums added in shared memory at the end of a unit). kDefault: NIBBLE_MOE_MATH (wgmma or mma), else
+// the built-in choice.
+enum class GemmMath : uint8_t { kDefault, kWgmma, kMmaSync };
+
 // codes: I32 (E, N, K/8) in the on-disk reorder packing (quant/int4.h), on the CPU.
 // Returns U8 (E, N·K/2) in the kernel's layout, on the CPU. N % 16 == 0 and K % 64 == 0.
 Tensor repack_int4_for_gemm(const Tensor& codes);
@@ -61,6 +69,7 @@ struct GemmW4A8Args {
                                 // copies ask L2 to evict them first
   int consumer_groups = 0;      // consumer warpgroups a block, 1 or 2 (INT4 only); 0: the
                                 // NIBBLE_MOE_CONSUMER_GROUPS setting, else 1 (as choose_k_splits assumes)
+  GemmMath math = GemmMath::kDefault;  // INT4 weights, tiles of up to 16 rows; otherwise wgmma
 };
 
 // Picks the K split for a problem so that the GPU is full; `rows` is T·K (routed pairs).

@@ -127,15 +127,23 @@ TEST_P(MoeGemm, MatchesItsDefinition) {
         ref[r * N + n] = static_cast<float>(acc * scales.data<float>()[t] * w.scale.data<float>()[e * N + n]);
       }
     }
-  // Blocks of one and of two consumer warpgroups; the splits summed.
-  for (const int groups : {1, 2}) {
+  // Blocks of one and of two consumer warpgroups (wgmma), and mma.sync (tiles of up to 16 rows; wgmma
+  // beyond); the splits summed.
+  struct Variant {
+    int groups;
+    cuda::GemmMath math;
+    const char* name;
+  };
+  for (const auto [groups, math, name] : {Variant{1, cuda::GemmMath::kWgmma, "wgmma, 1 consumer warpgroup"},
+                                          Variant{2, cuda::GemmMath::kWgmma, "wgmma, 2 consumer warpgroups"},
+                                          Variant{1, cuda::GemmMath::kMmaSync, "mma.sync"}}) {
     Tensor d_out = poisoned(DType::kF32, {splits, rows, N});
     cuda::moe_gemm_w4a8({.weights = d_weights.raw(), .weight_scale = d_scale.data<float>(),
                          .act = d_codes.data<uint8_t>(), .act_scale = d_scales.data<float>(),
                          .act_sums = d_sums.data<float>(), .act_row = d_act_row.data<int32_t>(),
                          .expert_offsets = d_offsets.data<int32_t>(), .active_experts = d_active.data<int32_t>(),
                          .out = d_out.data<float>(), .max_rows = rows, .num_experts = E, .n = N, .k = K,
-                         .expert_slots = slots, .splits = splits, .consumer_groups = groups},
+                         .expert_slots = slots, .splits = splits, .consumer_groups = groups, .math = math},
                         nullptr);
     const Tensor out = cuda::download(d_out);
     std::vector<float> got(rows * N, 0.0f);
@@ -143,8 +151,8 @@ TEST_P(MoeGemm, MatchesItsDefinition) {
       for (int64_t i = 0; i < rows * N; ++i) got[i] += out.data<float>()[s * rows * N + i];
     const double err = rel_l2(ref.data(), got.data(), rows * N);
     std::cout << "E=" << E << " N=" << N << " K=" << K << " T=" << T << " top-k=" << top_k << " splits=" << splits
-              << " consumer warpgroups " << groups << ": relative L2 " << err << "\n";
-    EXPECT_LE(err, 1e-3) << groups << " consumer warpgroups";
+              << " " << name << ": relative L2 " << err << "\n";
+    EXPECT_LE(err, 1e-3) << name;
   }
 }
 
