@@ -54,7 +54,11 @@ struct Tile {
   static constexpr int kRows = kTokenTiles * 8;
   static constexpr int kLaneWords = kFp8 ? 2 : 1;               // uint4 a lane per K block
   static constexpr int kWarpBlockBytes = 32 * 16 * kLaneWords;  // a warp's 16 channels, one K block
-  static constexpr int kStageBytes = kBlocksPerStage * (kWarps * kWarpBlockBytes + kRows * kGemmKBlock);
+  // Activations of a stage: wgmma's core matrices, K block by K block; for mma.sync each row's K in
+  // a row of kActRowBytes (16 bytes of padding spread a lane's reads of 8 rows over the banks).
+  static constexpr int kActRowBytes = kBlocksPerStage * kGemmKBlock + 16;
+  static constexpr int kActSlotBytes = kMma ? kRows * kActRowBytes : kBlocksPerStage * kRows * kGemmKBlock;
+  static constexpr int kStageBytes = kBlocksPerStage * kWarps * kWarpBlockBytes + kActSlotBytes;
   // mma.sync: each warp's partial sums of the other warps' 16-channel tiles, (writer, tile, row tile, lane).
   static constexpr int kReduceSlots = kMma ? kWarps * kWarps * kTokenTiles * 32 : 1;
   // Blocks an SM should hold (registers permitting), and as many stages as their share of the SM's
@@ -75,7 +79,7 @@ template <int kTokenTiles, bool kFp8, int kGroups, bool kMma>
 struct alignas(128) GemmSmem {
   using T = Tile<kTokenTiles, kFp8, kGroups, kMma>;
   uint4 weights[T::kStages][T::kWarps][kBlocksPerStage][32 * T::kLaneWords];
-  uint8_t act[T::kStages][kBlocksPerStage][T::kRows * kGemmKBlock];
+  uint8_t act[T::kStages][T::kActSlotBytes];
   uint64_t full[T::kStages];   // a slot's weights and activations have landed
   uint64_t empty[T::kStages];  // the consumers are done with a slot
   float token_sum[T::kRows];
@@ -162,7 +166,8 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
-      ptx::mbarrier_init(&sm.full[s], 1 + 32);  // the producer's expect_tx, then each lane's copies
+      // The producer's expect_tx, then (wgmma) each lane's activation copies.
+      ptx::mbarrier_init(&sm.full[s], kMma ? 1 : 1 + 32);
       ptx::mbarrier_init(&sm.empty[s], kMma ? kConsumers : kWarps);  // mma.sync: every lane arrives
     }
     ptx::fence_mbarrier_init();
@@ -195,6 +200,39 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
       walk.advance(ahead, p);
     };
     for (int s = 0; prefetch > 0 && s < kStages + prefetch && walk.valid(ahead); ++s) prefetch_next();
+    if constexpr (kMma) {
+      // Bulk copies only: lanes below kWarps copy a 16-channel tile's weights, lanes below the chunk's
+      // rows their row's activations (no zero fill: the consumers skip K blocks past the split, and a
+      // row past the expert's only feeds its own output column, never written).
+      const uint8_t* row_src = nullptr;
+      int chunk_rows = 0;
+      for (int step = 0; walk.valid(load); ++step) {
+        const int slot = step % kStages;
+        if (step >= kStages) ptx::mbarrier_wait(&sm.empty[slot], ((step / kStages) - 1) & 1);
+        if (load.stage == 0) {
+          const int r = load.chunk * kRows + lane;
+          const int64_t pos = load.row_begin + r;
+          chunk_rows = min(kRows, load.rows - load.chunk * kRows);
+          row_src = lane < chunk_rows ? p.act + (p.act_row ? p.act_row[pos] : pos) * p.k : nullptr;
+        }
+        const int first = load.kb_begin + load.stage * kBlocksPerStage;
+        const int nkb = min(kBlocksPerStage, load.kb_begin + load.kb_count - first);
+        const int valid_tiles = (p.leave_out & kWeights) ? 0 : min(kWarps, tiles - load.group * kWarps);
+        const int act_rows = (p.leave_out & kActivations) ? 0 : chunk_rows;
+        const auto wbytes = static_cast<uint32_t>(nkb * T::kWarpBlockBytes);
+        const auto abytes = static_cast<uint32_t>(nkb * kGemmKBlock);
+        if (lane == 0) ptx::mbarrier_arrive_expect_tx(&sm.full[slot], wbytes * valid_tiles + abytes * act_rows);
+        __syncwarp();
+        if (lane < valid_tiles)
+          ptx::bulk_copy_to_shared(sm.weights[slot][lane], weights_at(load, load.group * kWarps + lane, first), wbytes,
+                                   &sm.full[slot]);
+        if (lane < act_rows)
+          ptx::bulk_copy_to_shared(&sm.act[slot][lane * T::kActRowBytes], row_src + first * kGemmKBlock, abytes,
+                                   &sm.full[slot]);
+        walk.advance(load, p);
+        if (prefetch > 0 && walk.valid(ahead)) prefetch_next();
+      }
+    } else {
     for (int step = 0; walk.valid(load); ++step) {
       const int slot = step % kStages;
       if (step >= kStages) ptx::mbarrier_wait(&sm.empty[slot], ((step / kStages) - 1) & 1);
@@ -228,11 +266,12 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
 #pragma unroll
         for (int i = 0; i < T::kPairsPerLane; ++i) {
           const bool copy = b < nkb && act_src[i] != nullptr && !(p.leave_out & kActivations);
-          ptx::cp_async_16(&sm.act[slot][b][act_dst[i]], copy ? act_src[i] + (first + b) * kGemmKBlock : p.act, copy);
+          ptx::cp_async_16(&sm.act[slot][b * kRows * kGemmKBlock + act_dst[i]], copy ? act_src[i] + (first + b) * kGemmKBlock : p.act, copy);
         }
       ptx::cp_async_mbarrier_arrive(&sm.full[slot]);
       walk.advance(load, p);
       if (prefetch > 0 && walk.valid(ahead)) prefetch_next();
+    }
     }
     return;
   }
@@ -269,7 +308,8 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
 #pragma unroll
           for (int s = 0; s < 4; ++s)
             x[nt][s] = nt * 8 < rows_left ? *reinterpret_cast<const uint32_t*>(
-                                                &sm.act[slot][b][(nt * 4 + s) * kCoreBytes + g * 16 + 4 * q])
+                                                &sm.act[slot][(nt * 8 + g) * T::kActRowBytes + b * kGemmKBlock +
+                                                              s * 16 + 4 * q])
                                           : 0u;
         ptx::mbarrier_arrive(&sm.empty[slot]);  // this lane is done reading the slot
 #pragma unroll
@@ -329,7 +369,7 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
       wgmma::fence();
 #pragma unroll
       for (int bb = 0; bb < 2; ++bb) {
-        const uint8_t* act = sm.act[slot][half * 2 + bb];
+        const uint8_t* act = &sm.act[slot][(half * 2 + bb) * kRows * kGemmKBlock];
         wgmma::WgmmaE4m3<kRows>::mma(d[half], a[bb][0], wgmma::descriptor(act, kCoreBytes, 4 * kCoreBytes), bb);
         wgmma::WgmmaE4m3<kRows>::mma(d[half], a[bb][1],
                                      wgmma::descriptor(act + 2 * kCoreBytes, kCoreBytes, 4 * kCoreBytes), 1);
