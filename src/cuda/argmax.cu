@@ -6,6 +6,8 @@
 #include <climits>
 
 #include "cuda/cuda_check.h"
+#include "cuda/launch.h"
+#include "cuda/ptx.cuh"
 
 namespace nibble::cuda {
 namespace {
@@ -22,6 +24,8 @@ __device__ inline Best better(Best a, Best b) {
 }
 
 __global__ void __launch_bounds__(kThreads) argmax_kernel(const float* x, int64_t V, int32_t* out) {
+  ptx::grid_dependency_wait();
+  ptx::launch_dependents();
   const float* row = x + blockIdx.x * V;
   Best best{-FLT_MAX, INT_MAX};
   for (int64_t i = threadIdx.x; i < V; i += kThreads) {
@@ -49,8 +53,8 @@ void argmax_rows(const Tensor& x, Tensor& out, cudaStream_t stream) {
   expect(out, DType::kI32, {x.dim(0)}, "argmax output");
   check(x.dim(1) >= 1 && x.dim(1) < INT_MAX, "argmax: ", x.dim(1), " values a row");
   if (x.dim(0) == 0) return;
-  argmax_kernel<<<static_cast<unsigned>(x.dim(0)), kThreads, 0, stream>>>(x.data<float>(), x.dim(1),
-                                                                          out.data<int32_t>());
+  launch_kernel(argmax_kernel, static_cast<unsigned>(x.dim(0)), kThreads, 0, stream, x.data<float>(), x.dim(1),
+                out.data<int32_t>());
   cuda_check(cudaGetLastError());
 }
 

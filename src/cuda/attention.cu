@@ -12,6 +12,8 @@
 #include "cuda/attention_prefill.h"
 #include "cuda/basic_ops.h"
 #include "cuda/cuda_check.h"
+#include "cuda/launch.h"
+#include "cuda/ptx.cuh"
 
 namespace nibble::cuda {
 namespace {
@@ -43,6 +45,8 @@ __device__ inline float load_kv(const void* cache, bool fp8, int64_t index) {
 }
 
 __global__ void append_kv_kernel(const __grid_constant__ AttentionArgs p) {
+  ptx::grid_dependency_wait();
+  ptx::launch_dependents();
   const int64_t t = blockIdx.x, kv_width = p.kv_heads * p.head_dim;
   const int64_t width = (p.heads + 2 * p.kv_heads) * p.head_dim;
   const int64_t slot = p.slot_mapping[t];
@@ -64,6 +68,8 @@ __global__ void append_kv_kernel(const __grid_constant__ AttentionArgs p) {
 __global__ void attention_kernel(const __grid_constant__ AttentionArgs p) {
   extern __shared__ float scores[];
   __shared__ float reduce[kThreads / 32];
+  ptx::grid_dependency_wait();
+  ptx::launch_dependents();
   const int64_t t = blockIdx.x, h = blockIdx.y;
   int64_t s = 0;
   while (s + 1 < p.num_seqs && p.query_start[s + 1] <= t) ++s;
@@ -127,12 +133,12 @@ void attention(const Tensor& qkv, KvCacheLayer& cache, KvCacheDType cache_dtype,
                         .head_dim = params.head_dim, .softmax_scale = params.softmax_scale,
                         .k_scale = params.k_scale, .v_scale = params.v_scale,
                         .logit_softcap = params.logit_softcap};
-  append_kv_kernel<<<static_cast<unsigned>(batch.num_tokens), kThreads, 0, stream>>>(a);
+  launch_kernel(append_kv_kernel, static_cast<unsigned>(batch.num_tokens), kThreads, 0, stream, a);
   cuda_check(cudaGetLastError());
   if (decode) return attention_decode(qkv, cache, cache_dtype, batch, params, out, stream);
   if (prefill) return attention_prefill(qkv, cache, cache_dtype, batch, params, out, stream);
   const dim3 grid(static_cast<unsigned>(batch.num_tokens), static_cast<unsigned>(params.num_heads));
-  attention_kernel<<<grid, kThreads, batch.max_seq_len * sizeof(float), stream>>>(a);
+  launch_kernel(attention_kernel, grid, kThreads, batch.max_seq_len * sizeof(float), stream, a);
   cuda_check(cudaGetLastError());
 }
 

@@ -11,6 +11,7 @@
 #include "cuda/attention_mma.cuh"
 #include "cuda/cuda_check.h"
 #include "cuda/device.h"
+#include "cuda/launch.h"
 #include "cuda/ptx.cuh"
 
 namespace nibble::cuda {
@@ -54,6 +55,8 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
   constexpr int kElemBytes = kFp8 ? 1 : 2;
   __shared__ float m_w[kWarps][kMaxGroup], l_w[kWarps][kMaxGroup];
   __shared__ float acc_w[kWarps][kMaxGroup][kHeadDim];
+  ptx::grid_dependency_wait();
+  ptx::launch_dependents();
   const int sp = blockIdx.x, kh = blockIdx.y, s = blockIdx.z;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4, G = a.group;
   const int len = a.seq_lens[s];
@@ -228,6 +231,8 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
 // One block per (sequence, query head): merges the slices.
 __global__ void __launch_bounds__(kHeadDim) merge_kernel(const __grid_constant__ DecodeArgs a) {
   const int s = blockIdx.x, h = blockIdx.y, d = threadIdx.x;
+  ptx::grid_dependency_wait();
+  ptx::launch_dependents();
   const int64_t part0 = (int64_t{s} * a.heads + h) * a.splits;
   float m = -FLT_MAX;
   for (int sp = 0; sp < a.splits; ++sp) m = fmaxf(m, a.part_ml[2 * (part0 + sp)]);
@@ -277,11 +282,11 @@ void attention_decode(const Tensor& qkv, const KvCacheLayer& cache, KvCacheDType
                      .logit_softcap = params.logit_softcap, .v_scale = fp8 ? params.v_scale : 1.0f};
   const dim3 grid(static_cast<unsigned>(splits), static_cast<unsigned>(params.num_kv_heads), static_cast<unsigned>(S));
   if (fp8)
-    decode_kernel<true><<<grid, kThreads, 0, stream>>>(a);
+    launch_kernel(decode_kernel<true>, grid, kThreads, 0, stream, a);
   else
-    decode_kernel<false><<<grid, kThreads, 0, stream>>>(a);
+    launch_kernel(decode_kernel<false>, grid, kThreads, 0, stream, a);
   cuda_check(cudaGetLastError());
-  merge_kernel<<<dim3(static_cast<unsigned>(S), static_cast<unsigned>(Hq)), kHeadDim, 0, stream>>>(a);
+  launch_kernel(merge_kernel, dim3(static_cast<unsigned>(S), static_cast<unsigned>(Hq)), kHeadDim, 0, stream, a);
   cuda_check(cudaGetLastError());
 }
 

@@ -9,6 +9,7 @@
 #include "cuda/attention_mma.cuh"
 #include "cuda/cuda_check.h"
 #include "cuda/kernel_attributes.h"
+#include "cuda/launch.h"
 #include "cuda/ptx.cuh"
 
 namespace nibble::cuda {
@@ -97,6 +98,8 @@ __device__ inline void widen_tile(const uint8_t* src, uint8_t* dst) {
 template <bool kFp8>
 __global__ void __launch_bounds__(kThreads, kMinBlocks) prefill_kernel(const __grid_constant__ PrefillArgs a) {
   extern __shared__ __align__(128) uint8_t smem[];
+  ptx::grid_dependency_wait();
+  ptx::launch_dependents();
   const int s = blockIdx.z, kh = blockIdx.y;
   const int q0 = a.query_start[s], G = a.group, rows = (a.query_start[s + 1] - q0) * G;
   const int tile = static_cast<int>(gridDim.x - 1 - blockIdx.x);  // the tiles with the most keys first
@@ -273,10 +276,10 @@ void attention_prefill(const Tensor& qkv, const KvCacheLayer& cache, KvCacheDTyp
                   static_cast<unsigned>(batch.num_seqs));
   if (fp8) {
     allow_dynamic_smem(reinterpret_cast<const void*>(prefill_kernel<true>), kSmemBytes<true>);
-    prefill_kernel<true><<<grid, kThreads, kSmemBytes<true>, stream>>>(a);
+    launch_kernel(prefill_kernel<true>, grid, kThreads, kSmemBytes<true>, stream, a);
   } else {
     allow_dynamic_smem(reinterpret_cast<const void*>(prefill_kernel<false>), kSmemBytes<false>);
-    prefill_kernel<false><<<grid, kThreads, kSmemBytes<false>, stream>>>(a);
+    launch_kernel(prefill_kernel<false>, grid, kThreads, kSmemBytes<false>, stream, a);
   }
   cuda_check(cudaGetLastError());
 }

@@ -10,6 +10,8 @@
 
 #include "cuda/basic_ops.h"
 #include "cuda/cuda_check.h"
+#include "cuda/launch.h"
+#include "cuda/ptx.cuh"
 
 namespace nibble::cuda {
 namespace {
@@ -53,6 +55,8 @@ __device__ inline void store8(bf16* p, const float (&v)[kVec]) {
 // out F32 (T, H) = table[ids] BF16 (V, H); grid (T, units / blockDim), one 8-element unit a thread.
 __global__ void embedding_kernel(const int32_t* ids, const bf16* table, float* out, int64_t hidden) {
   const int64_t t = blockIdx.x, h = (blockIdx.y * static_cast<int64_t>(blockDim.x) + threadIdx.x) * kVec;
+  ptx::grid_dependency_wait();
+  ptx::launch_dependents();
   if (h >= hidden) return;
   float v[kVec];
   load8(table + static_cast<int64_t>(ids[t]) * hidden + h, v);
@@ -60,6 +64,8 @@ __global__ void embedding_kernel(const int32_t* ids, const bf16* table, float* o
 }
 
 __global__ void gather_kernel(const bf16* x, const int32_t* rows, bf16* out, int64_t hidden) {
+  ptx::grid_dependency_wait();
+  ptx::launch_dependents();
   const int64_t r = blockIdx.x, row = rows[r];
   for (int64_t h = threadIdx.x; h < hidden; h += blockDim.x) out[r * hidden + h] = x[row * hidden + h];
 }
@@ -75,6 +81,8 @@ template <int kUnits, typename Y>
 __global__ void __launch_bounds__(512) rms_norm_kernel(const float* x, const Y* y, float* x_sum, const bf16* weight,
                                                        float eps, bf16* out, int64_t hidden) {
   __shared__ float warp_sums[32];
+  ptx::grid_dependency_wait();
+  ptx::launch_dependents();
   const int64_t units = hidden / kVec;
   const float* row = x + blockIdx.x * hidden;
   float v[kUnits][kVec];
@@ -122,6 +130,8 @@ __global__ void __launch_bounds__(512) rms_norm_kernel(const float* x, const Y* 
 template <typename Y>
 __global__ void add_kernel(float* x, const Y* y, int64_t n) {
   const int64_t i = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) * kVec;
+  ptx::grid_dependency_wait();
+  ptx::launch_dependents();
   if (i >= n) return;
   float a[kVec], b[kVec];
   load8(x + i, a);
@@ -133,6 +143,8 @@ __global__ void add_kernel(float* x, const Y* y, int64_t n) {
 
 __global__ void scale_kernel(float* x, float factor, int64_t n) {
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  ptx::grid_dependency_wait();
+  ptx::launch_dependents();
   if (i < n) x[i] *= factor;
 }
 
@@ -143,6 +155,8 @@ __global__ void rope_kernel(bf16* qkv, const int32_t* positions, const float* in
                             int64_t heads, int64_t head_dim, int64_t width) {
   const int64_t half = head_dim / 2, groups = half / kVec;
   const int64_t index = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  ptx::grid_dependency_wait();
+  ptx::launch_dependents();
   if (index >= tokens * heads * groups) return;
   const int64_t t = index / (heads * groups), head = index / groups % heads, i = index % groups * kVec;
   const auto pos = static_cast<float>(positions[t]);
@@ -177,12 +191,11 @@ void launch_rms_norm(const Tensor& x, const Tensor* y, const Tensor& weight, flo
   const auto blocks = static_cast<unsigned>(x.dim(0));
   float* x_sum = y == nullptr ? nullptr : x.data<float>();  // x += y is stored back into x
   if (y == nullptr || y->dtype() == DType::kF32)
-    rms_norm_kernel<kUnits, float><<<blocks, threads, 0, stream>>>(
-        x.data<float>(), y == nullptr ? nullptr : y->data<float>(), x_sum, weight.data<bf16>(), eps, out.data<bf16>(),
-        x.dim(1));
+    launch_kernel(rms_norm_kernel<kUnits, float>, blocks, threads, 0, stream, x.data<float>(),
+                  y == nullptr ? nullptr : y->data<float>(), x_sum, weight.data<bf16>(), eps, out.data<bf16>(), x.dim(1));
   else
-    rms_norm_kernel<kUnits, bf16><<<blocks, threads, 0, stream>>>(
-        x.data<float>(), y->data<bf16>(), x_sum, weight.data<bf16>(), eps, out.data<bf16>(), x.dim(1));
+    launch_kernel(rms_norm_kernel<kUnits, bf16>, blocks, threads, 0, stream, x.data<float>(), y->data<bf16>(), x_sum,
+                  weight.data<bf16>(), eps, out.data<bf16>(), x.dim(1));
 }
 
 // rms_norm, after x += y when y is given.
@@ -228,15 +241,16 @@ void embedding(const Tensor& ids, const Tensor& table, Tensor& out, cudaStream_t
   if (ids.dim(0) == 0) return;
   constexpr int kThreads = 128;
   const dim3 grid(static_cast<unsigned>(ids.dim(0)), blocks_for(H / kVec, kThreads));
-  embedding_kernel<<<grid, kThreads, 0, stream>>>(ids.data<int32_t>(), table.data<bf16>(), out.data<float>(), H);
+  launch_kernel(embedding_kernel, grid, kThreads, 0, stream, ids.data<int32_t>(), table.data<bf16>(), out.data<float>(),
+                H);
   cuda_check(cudaGetLastError());
 }
 
 void gather_rows(const Tensor& x, const Tensor& rows, Tensor& out, cudaStream_t stream) {
   expect(out, DType::kBF16, {rows.dim(0), x.dim(1)}, "gather_rows output");
   if (rows.dim(0) == 0) return;
-  gather_kernel<<<static_cast<unsigned>(rows.dim(0)), 256, 0, stream>>>(x.data<bf16>(), rows.data<int32_t>(),
-                                                                          out.data<bf16>(), x.dim(1));
+  launch_kernel(gather_kernel, static_cast<unsigned>(rows.dim(0)), 256, 0, stream, x.data<bf16>(), rows.data<int32_t>(),
+                out.data<bf16>(), x.dim(1));
   cuda_check(cudaGetLastError());
 }
 
@@ -258,16 +272,16 @@ void residual_add(Tensor& x, const Tensor& y, cudaStream_t stream) {
   constexpr int kThreads = 128;
   const unsigned blocks = blocks_for(n / kVec, kThreads);
   if (y.dtype() == DType::kF32)
-    add_kernel<<<blocks, kThreads, 0, stream>>>(x.data<float>(), y.data<float>(), n);
+    launch_kernel(add_kernel<float>, blocks, kThreads, 0, stream, x.data<float>(), y.data<float>(), n);
   else
-    add_kernel<<<blocks, kThreads, 0, stream>>>(x.data<float>(), y.data<bf16>(), n);
+    launch_kernel(add_kernel<bf16>, blocks, kThreads, 0, stream, x.data<float>(), y.data<bf16>(), n);
   cuda_check(cudaGetLastError());
 }
 
 void scale(Tensor& x, float factor, cudaStream_t stream) {
   expect(x, DType::kF32, x.shape(), "scale input");
   if (x.numel() == 0) return;
-  scale_kernel<<<blocks_for(x.numel(), 256), 256, 0, stream>>>(x.data<float>(), factor, x.numel());
+  launch_kernel(scale_kernel, blocks_for(x.numel(), 256), 256, 0, stream, x.data<float>(), factor, x.numel());
   cuda_check(cudaGetLastError());
 }
 
@@ -281,8 +295,8 @@ void rope(Tensor& qkv, const Tensor& positions, const Tensor& inv_freq, const At
   const int64_t T = qkv.dim(0);
   if (T == 0) return;
   constexpr int kThreads = 128;
-  rope_kernel<<<blocks_for(T * heads * (D / 2 / kVec), kThreads), kThreads, 0, stream>>>(
-      qkv.data<bf16>(), positions.data<int32_t>(), inv_freq.data<float>(), T, heads, D, width);
+  launch_kernel(rope_kernel, blocks_for(T * heads * (D / 2 / kVec), kThreads), kThreads, 0, stream, qkv.data<bf16>(),
+                positions.data<int32_t>(), inv_freq.data<float>(), T, heads, D, width);
   cuda_check(cudaGetLastError());
 }
 

@@ -7,8 +7,10 @@
 
 #include "cuda/cuda_check.h"
 #include "cuda/device.h"
+#include "cuda/launch.h"
 #include "cuda/linear.h"
 #include "cuda/moe_quantize.h"
+#include "cuda/ptx.cuh"
 
 namespace nibble::cuda {
 namespace {
@@ -43,6 +45,8 @@ __device__ inline void store4(__nv_bfloat16* p, const float (&v)[4]) {
 template <typename Out>
 __global__ void __launch_bounds__(kScaleThreads) scale_product_kernel(const __grid_constant__ ScaleArgs p) {
   const int64_t c = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) * 4;
+  ptx::grid_dependency_wait();
+  ptx::launch_dependents();
   if (c >= p.n) return;
   const float4 ws = *reinterpret_cast<const float4*>(p.w_scale + c);
   for (int64_t t = blockIdx.y; t < p.tokens; t += gridDim.y) {
@@ -110,9 +114,9 @@ void linear(const Tensor& x, const Linear& w, Tensor& out, cublasHandle_t handle
   const dim3 grid(static_cast<unsigned>((N / 4 + kScaleThreads - 1) / kScaleThreads),
                   static_cast<unsigned>(std::min<int64_t>(T, 65535)));
   if (out.dtype() == DType::kF32)
-    scale_product_kernel<float><<<grid, kScaleThreads, 0, stream>>>(scale);
+    launch_kernel(scale_product_kernel<float>, grid, kScaleThreads, 0, stream, scale);
   else
-    scale_product_kernel<__nv_bfloat16><<<grid, kScaleThreads, 0, stream>>>(scale);
+    launch_kernel(scale_product_kernel<__nv_bfloat16>, grid, kScaleThreads, 0, stream, scale);
   cuda_check(cudaGetLastError());
 }
 

@@ -10,8 +10,10 @@
 #include "cuda/activation.cuh"
 #include "cuda/cuda_check.h"
 #include "cuda/device.h"
+#include "cuda/launch.h"
 #include "cuda/lt_fp8_gemm.h"
 #include "cuda/moe_route.h"
+#include "cuda/ptx.cuh"
 
 namespace nibble::cuda {
 namespace {
@@ -26,6 +28,8 @@ struct ActArgs {
 };
 
 __global__ void act_kernel(const __grid_constant__ ActArgs p) {
+  ptx::grid_dependency_wait();
+  ptx::launch_dependents();
   const int64_t total = p.tokens * p.inter;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total; i += int64_t{gridDim.x} * blockDim.x) {
     const int64_t t = i / p.inter, c = i % p.inter;
@@ -45,6 +49,8 @@ struct AccumulateArgs {
 };
 
 __global__ void accumulate_kernel(const __grid_constant__ AccumulateArgs p) {
+  ptx::grid_dependency_wait();
+  ptx::launch_dependents();
   const int64_t total = p.tokens * p.hidden;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total; i += int64_t{gridDim.x} * blockDim.x) {
     const int64_t t = i / p.hidden;
@@ -57,6 +63,8 @@ __global__ void accumulate_kernel(const __grid_constant__ AccumulateArgs p) {
 }
 
 __global__ void to_bf16_kernel(const float* in, __nv_bfloat16* out, int64_t n) {
+  ptx::grid_dependency_wait();
+  ptx::launch_dependents();
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x)
     out[i] = __float2bfloat16_rn(in[i]);
 }
@@ -111,19 +119,20 @@ void moe_bf16(const Tensor& x, const MoeWeights& w, const MoeParams& params, Moe
   const auto* down = static_cast<const __nv_bfloat16*>(ex.down.raw());
   for (int64_t e = 0; e < E; ++e) {
     gemm_bf16(handle, x.raw(), gate_up + e * 2 * I * H, ws.gate_up.data<float>(), T, 2 * I, H);
-    act_kernel<<<blocks_for(T * I), kThreads, 0, stream>>>(
-        {.gate_up = ws.gate_up.data<float>(), .act = static_cast<__nv_bfloat16*>(ws.act.raw()), .tokens = T,
-         .inter = I, .activation = params.activation});
+    launch_kernel(act_kernel, blocks_for(T * I), kThreads, 0, stream,
+                  ActArgs{.gate_up = ws.gate_up.data<float>(), .act = static_cast<__nv_bfloat16*>(ws.act.raw()),
+                          .tokens = T, .inter = I, .activation = params.activation});
     cuda_check(cudaGetLastError());
     gemm_bf16(handle, ws.act.raw(), down + e * H * I, ws.down.data<float>(), T, H, I);
-    accumulate_kernel<<<blocks_for(T * H), kThreads, 0, stream>>>(
-        {.down = ws.down.data<float>(), .topk_ids = ws.topk_ids.data<int32_t>(),
-         .topk_weights = ws.topk_weights.data<float>(), .sum = sum, .tokens = T, .hidden = H,
-         .top_k = K, .expert = static_cast<int>(e), .first = e == 0});
+    launch_kernel(accumulate_kernel, blocks_for(T * H), kThreads, 0, stream,
+                  AccumulateArgs{.down = ws.down.data<float>(), .topk_ids = ws.topk_ids.data<int32_t>(),
+                                 .topk_weights = ws.topk_weights.data<float>(), .sum = sum, .tokens = T, .hidden = H,
+                                 .top_k = K, .expert = static_cast<int>(e), .first = e == 0});
     cuda_check(cudaGetLastError());
   }
   if (f32_out) return;
-  to_bf16_kernel<<<blocks_for(T * H), kThreads, 0, stream>>>(sum, static_cast<__nv_bfloat16*>(out.raw()), T * H);
+  launch_kernel(to_bf16_kernel, blocks_for(T * H), kThreads, 0, stream, sum, static_cast<__nv_bfloat16*>(out.raw()),
+                T * H);
   cuda_check(cudaGetLastError());
 }
 

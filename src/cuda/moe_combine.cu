@@ -4,7 +4,9 @@
 #include <cuda_bf16.h>
 
 #include "cuda/cuda_check.h"
+#include "cuda/launch.h"
 #include "cuda/moe_combine.h"
+#include "cuda/ptx.cuh"
 
 namespace nibble::cuda {
 namespace {
@@ -29,6 +31,8 @@ template <typename Out>
 __global__ void __launch_bounds__(kCombineThreads) combine_kernel(const __grid_constant__ CombineArgs p) {
   const int64_t t = blockIdx.x;
   const int64_t h4 = static_cast<int64_t>(blockIdx.y) * kCombineThreads + threadIdx.x;  // column / 4
+  ptx::grid_dependency_wait();
+  ptx::launch_dependents();
   if (h4 >= p.hidden / 4) return;
   float4 sum = {0.0f, 0.0f, 0.0f, 0.0f};
   for (int64_t k = 0; k < p.top_k; ++k) {
@@ -57,6 +61,8 @@ template <typename Out>
 __global__ void combine_rows_kernel(const __grid_constant__ CombineRowsArgs p) {
   const int64_t t = blockIdx.x;
   const int64_t h4 = static_cast<int64_t>(blockIdx.y) * kThreads + threadIdx.x;  // column / 4
+  ptx::grid_dependency_wait();
+  ptx::launch_dependents();
   if (h4 >= p.hidden / 4) return;
   float4 sum = {0.0f, 0.0f, 0.0f, 0.0f};
   bool hit = false;
@@ -93,10 +99,10 @@ void moe_combine_rows(const CombineRowsArgs& p, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(p.tokens), static_cast<unsigned>((p.hidden / 4 + kThreads - 1) / kThreads));
   switch (p.out_dtype) {
     case DType::kBF16:
-      combine_rows_kernel<__nv_bfloat16><<<grid, kThreads, 0, stream>>>(p);
+      launch_kernel(combine_rows_kernel<__nv_bfloat16>, grid, kThreads, 0, stream, p);
       break;
     case DType::kF32:
-      combine_rows_kernel<float><<<grid, kThreads, 0, stream>>>(p);
+      launch_kernel(combine_rows_kernel<float>, grid, kThreads, 0, stream, p);
       break;
     default:
       fail("moe_combine_rows: the output must be BF16 or F32, not ", dtype_name(p.out_dtype));
@@ -111,10 +117,10 @@ void moe_combine(const CombineArgs& p, cudaStream_t stream) {
                   static_cast<unsigned>((p.hidden / 4 + kCombineThreads - 1) / kCombineThreads));
   switch (p.out_dtype) {
     case DType::kBF16:
-      combine_kernel<__nv_bfloat16><<<grid, kCombineThreads, 0, stream>>>(p);
+      launch_kernel(combine_kernel<__nv_bfloat16>, grid, kCombineThreads, 0, stream, p);
       break;
     case DType::kF32:
-      combine_kernel<float><<<grid, kCombineThreads, 0, stream>>>(p);
+      launch_kernel(combine_kernel<float>, grid, kCombineThreads, 0, stream, p);
       break;
     default:
       fail("moe_combine: the output must be BF16 or F32, not ", dtype_name(p.out_dtype));

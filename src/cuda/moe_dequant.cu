@@ -4,7 +4,9 @@
 #include <algorithm>
 
 #include "cuda/cuda_check.h"
+#include "cuda/launch.h"
 #include "cuda/moe_dequant.h"
+#include "cuda/ptx.cuh"
 
 namespace nibble::cuda {
 namespace {
@@ -22,6 +24,8 @@ __device__ inline uint32_t e4m3_of_nibble(uint32_t u) {
 // byte b the nibbles of rows 16t + g (low) and 16t + g + 8 (high), column 64kb + 32s + 16h + 4q +
 // b.
 __global__ void dequant_int4_kernel(const __grid_constant__ DequantArgs a) {
+  ptx::grid_dependency_wait();
+  ptx::launch_dependents();
   const int64_t lanes_per_expert = a.n * a.k / 32;  // 32 values (16 bytes) a lane
   const int64_t total = a.count * lanes_per_expert, kblocks = a.k / kGemmKBlock;
   const auto* src = static_cast<const uint4*>(a.weights) + a.first * lanes_per_expert;
@@ -52,6 +56,8 @@ __global__ void dequant_int4_kernel(const __grid_constant__ DequantArgs a) {
 // FP8 layout: lane (g, q), word 4s + rr holds row 16t + g + 8(rr & 1), columns
 // 64kb + 32s + 16(rr >> 1) + 4q .. + 3, as stored.
 __global__ void dequant_fp8_kernel(const __grid_constant__ DequantArgs a) {
+  ptx::grid_dependency_wait();
+  ptx::launch_dependents();
   const int64_t lanes_per_expert = a.n * a.k / 32;  // 32 values (32 bytes) a lane
   const int64_t total = a.count * lanes_per_expert, kblocks = a.k / kGemmKBlock;
   const auto* src = static_cast<const uint4*>(a.weights) + 2 * a.first * lanes_per_expert;
@@ -80,9 +86,9 @@ void dequantize_experts_fp8(const DequantArgs& a, cudaStream_t stream) {
   const int64_t lanes = a.count * a.n * a.k / 32;
   const auto blocks = static_cast<unsigned>(std::min<int64_t>((lanes + 255) / 256, 132 * 16));
   if (a.format == ExpertWeightFormat::kInt4)
-    dequant_int4_kernel<<<blocks, 256, 0, stream>>>(a);
+    launch_kernel(dequant_int4_kernel, blocks, 256, 0, stream, a);
   else
-    dequant_fp8_kernel<<<blocks, 256, 0, stream>>>(a);
+    launch_kernel(dequant_fp8_kernel, blocks, 256, 0, stream, a);
   cuda_check(cudaGetLastError());
 }
 

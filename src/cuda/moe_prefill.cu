@@ -11,10 +11,12 @@
 
 #include "cuda/cuda_check.h"
 #include "cuda/device.h"
+#include "cuda/launch.h"
 #include "cuda/moe.h"
 #include "cuda/moe_combine.h"
 #include "cuda/moe_dequant.h"
 #include "cuda/moe_quantize.h"
+#include "cuda/ptx.cuh"
 
 namespace nibble::cuda {
 namespace {
@@ -46,6 +48,8 @@ struct PaddedRowsArgs {
 // padded offset.
 __global__ void padded_rows_kernel(const __grid_constant__ PaddedRowsArgs a) {
   const int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  ptx::grid_dependency_wait();
+  ptx::launch_dependents();
   if (i >= a.pairs) return;
   const int32_t e = a.topk_ids[i];
   const int32_t p = a.row_pos[i] - a.expert_offsets[e] + a.padded_offsets[e];
@@ -185,7 +189,7 @@ void moe_prefill(const Tensor& x, const MoeWeightsW4A8& w, const MoeParams& para
                                  .row_expert = pf.row_expert.data<int32_t>(),
                                  .pairs = T * K,
                                  .top_k = K};
-  padded_rows_kernel<<<static_cast<unsigned>((T * K + 255) / 256), 256, 0, stream>>>(rows_args);
+  launch_kernel(padded_rows_kernel, static_cast<unsigned>((T * K + 255) / 256), 256, 0, stream, rows_args);
   cuda_check(cudaGetLastError());
 
   int64_t window = 0;  // index of the current chunk's window

@@ -11,7 +11,9 @@
 #include "cuda/activation.cuh"
 #include "cuda/cuda_check.h"
 #include "cuda/fp8_rows.cuh"
+#include "cuda/launch.h"
 #include "cuda/moe_quantize.h"
+#include "cuda/ptx.cuh"
 #include "model/communicator.h"
 
 namespace nibble::cuda {
@@ -38,6 +40,8 @@ constexpr int kQuantThreads = 256;
 template <int kUnits>
 __global__ void __launch_bounds__(kQuantThreads) quantize_rows_kernel(const __grid_constant__ QuantizeRowsArgs p) {
   __shared__ float warp_amax[kQuantThreads / 32];
+  ptx::grid_dependency_wait();
+  ptx::launch_dependents();
   const int64_t r = blockIdx.x, units = p.cols / 8;
   const int64_t src = p.src_row == nullptr ? r : p.src_row[r];
   uint8_t* codes = p.codes + r * p.cols;
@@ -96,7 +100,7 @@ __global__ void __launch_bounds__(kQuantThreads) quantize_rows_kernel(const __gr
 
 template <int kUnits>
 void launch_quantize_rows(const QuantizeRowsArgs& p, int threads, cudaStream_t stream) {
-  quantize_rows_kernel<kUnits><<<static_cast<unsigned>(p.rows), threads, 0, stream>>>(p);
+  launch_kernel(quantize_rows_kernel<kUnits>, static_cast<unsigned>(p.rows), threads, 0, stream, p);
 }
 
 // Activation rows split over a thread-block cluster: block q of a row's cluster takes the 64-wide
@@ -112,6 +116,8 @@ __global__ void __launch_bounds__(kActThreads) activation_kernel(const __grid_co
   __shared__ __align__(16) float values[kActMaxCols];  // this block's columns, read as float4
   __shared__ float reduce[32];
   __shared__ float block_amax, row_amax, unused_scale;
+  ptx::grid_dependency_wait();
+  ptx::launch_dependents();
   cg::cluster_group cluster = cg::this_cluster();
   const int64_t I = p.intermediate, row_blocks = I / kRowBlock;
   const auto C = static_cast<int64_t>(cluster.num_blocks()), q = static_cast<int64_t>(cluster.block_rank());
@@ -210,16 +216,8 @@ void activation_quantize_fp8(const ActivationArgs& p, cudaStream_t stream) {
   if (p.rows == 0) return;
   // A cluster of up to 8 blocks a row (fewer for a row of fewer 64-blocks).
   const auto cluster = static_cast<unsigned>(std::min<int64_t>(kActCluster, p.intermediate / kRowBlock));
-  cudaLaunchAttribute attribute{};
-  attribute.id = cudaLaunchAttributeClusterDimension;
-  attribute.val.clusterDim = {cluster, 1, 1};
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(static_cast<unsigned>(p.rows) * cluster);
-  config.blockDim = dim3(kActThreads);
-  config.stream = stream;
-  config.attrs = &attribute;
-  config.numAttrs = 1;
-  cuda_check(cudaLaunchKernelEx(&config, activation_kernel, p));
+  launch_kernel_with({cluster_shape(cluster)}, activation_kernel, static_cast<unsigned>(p.rows) * cluster, kActThreads,
+                     0, stream, p);
 }
 
 bool tp_local_amax() {

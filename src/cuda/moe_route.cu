@@ -6,7 +6,9 @@
 #include <cfloat>
 
 #include "cuda/cuda_check.h"
+#include "cuda/launch.h"
 #include "cuda/moe_route.h"
+#include "cuda/ptx.cuh"
 
 namespace nibble::cuda {
 namespace {
@@ -49,6 +51,8 @@ __global__ void router_logits_kernel(const __grid_constant__ RouteArgs p) {
   const int64_t t = blockIdx.x;
   const int64_t e = static_cast<int64_t>(blockIdx.y) * kLogitWarps + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
+  ptx::grid_dependency_wait();
+  ptx::launch_dependents();
   if (e >= p.experts) return;
   const float sum =
       butterfly_sum(lane_partial(row_units(p.x, t, p.hidden), row_units(p.router, e, p.hidden), p.hidden / 8, lane));
@@ -109,6 +113,8 @@ __device__ void topk_token(const RouteArgs& p, int64_t t, int lane) {
 // One warp per token.
 __global__ void topk_kernel(const __grid_constant__ RouteArgs p) {
   const int64_t t = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+  ptx::grid_dependency_wait();
+  ptx::launch_dependents();
   if (t < p.tokens) topk_token(p, t, static_cast<int>(threadIdx.x % 32));
 }
 
@@ -145,6 +151,8 @@ __device__ void group_pairs(const GroupArgs& p, int* counts, int* cursor) {
 __global__ void __launch_bounds__(kGroupThreads) group_kernel(const __grid_constant__ GroupArgs p) {
   __shared__ int counts[kMaxExperts];
   __shared__ int cursor[kMaxExperts];
+  ptx::grid_dependency_wait();
+  ptx::launch_dependents();
   group_pairs(p, counts, cursor);
 }
 
@@ -169,6 +177,8 @@ __global__ void __launch_bounds__(kRouteThreads) route_group_kernel(const __grid
   __shared__ float partial[kMaxBlockPartials];  // lane partials [q·per, (q + 1)·per) of (T, E, 32)
   __shared__ int counts[kMaxExperts];
   __shared__ int cursor[kMaxExperts];
+  ptx::grid_dependency_wait();
+  ptx::launch_dependents();
   const RouteArgs& p = a.route;
   cg::cluster_group cluster = cg::this_cluster();
   const int64_t C = cluster.num_blocks(), q = cluster.block_rank();
@@ -210,16 +220,8 @@ void route_and_group(const RouteArgs& route, const GroupArgs& group, cudaStream_
   check(route.top_k >= 1 && route.top_k <= kMaxTopK && route.top_k <= route.experts, "route_and_group: top_k ",
         route.top_k);
   check(route.hidden % 8 == 0, "route_and_group: hidden size ", route.hidden, " is not a multiple of 8");
-  cudaLaunchAttribute attribute{};
-  attribute.id = cudaLaunchAttributeClusterDimension;
-  attribute.val.clusterDim = {kRouteCluster, 1, 1};
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(kRouteCluster);
-  config.blockDim = dim3(kRouteThreads);
-  config.stream = stream;
-  config.attrs = &attribute;
-  config.numAttrs = 1;
-  cuda_check(cudaLaunchKernelEx(&config, route_group_kernel, RouteGroupArgs{.route = route, .group = group}));
+  launch_kernel_with({cluster_shape(kRouteCluster)}, route_group_kernel, kRouteCluster, kRouteThreads, 0, stream,
+                     RouteGroupArgs{.route = route, .group = group});
 }
 
 void route_topk(const RouteArgs& p, cudaStream_t stream) {
@@ -228,17 +230,17 @@ void route_topk(const RouteArgs& p, cudaStream_t stream) {
   if (p.tokens == 0) return;
   check(p.hidden % 8 == 0, "route_topk: hidden size ", p.hidden, " is not a multiple of 8");
   const dim3 grid(static_cast<unsigned>(p.tokens), static_cast<unsigned>((p.experts + kLogitWarps - 1) / kLogitWarps));
-  router_logits_kernel<<<grid, kLogitWarps * 32, 0, stream>>>(p);
+  launch_kernel(router_logits_kernel, grid, kLogitWarps * 32, 0, stream, p);
   cuda_check(cudaGetLastError());
   constexpr int kWarpsPerBlock = 4;
-  topk_kernel<<<static_cast<unsigned>((p.tokens + kWarpsPerBlock - 1) / kWarpsPerBlock), kWarpsPerBlock * 32, 0,
-                stream>>>(p);
+  launch_kernel(topk_kernel, static_cast<unsigned>((p.tokens + kWarpsPerBlock - 1) / kWarpsPerBlock),
+                kWarpsPerBlock * 32, 0, stream, p);
   cuda_check(cudaGetLastError());
 }
 
 void group_by_expert(const GroupArgs& p, cudaStream_t stream) {
   check(p.experts >= 1 && p.experts <= kMaxExperts, "group_by_expert: ", p.experts, " experts");
-  group_kernel<<<1, kGroupThreads, 0, stream>>>(p);
+  launch_kernel(group_kernel, 1, kGroupThreads, 0, stream, p);
   cuda_check(cudaGetLastError());
 }
 

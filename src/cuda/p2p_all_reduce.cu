@@ -20,7 +20,9 @@
 #include <type_traits>
 
 #include "cuda/cuda_check.h"
+#include "cuda/launch.h"
 #include "cuda/p2p_all_reduce.h"
+#include "cuda/ptx.cuh"
 
 namespace nibble::cuda {
 namespace {
@@ -162,6 +164,9 @@ __global__ void __launch_bounds__(kThreads)
     p2p_all_reduce_kernel(const __grid_constant__ P2pParams p) {
   __shared__ int aborted;
   const int b = blockIdx.x;
+  // PDL: the previous kernel's writes (x, the epochs) are complete before any flag, staging or x access.
+  ptx::grid_dependency_wait();
+  ptx::launch_dependents();
   // Read by every thread before the barrier below; thread 0 writes it back at the very end.
   const uint64_t epoch = p.epochs[b] + 1;
   if (threadIdx.x == 0) aborted = 0;
@@ -215,11 +220,11 @@ void launch_p2p_all_reduce(const P2pParams& params, P2pDType dtype, P2pOp op, in
   // The combinations that ship: sums of F32 (the residual stream) and BF16, maxima of F32 (the FP8
   // quantizers' row amax).
   if (op == P2pOp::kSum && dtype == P2pDType::kF32)
-    p2p_all_reduce_kernel<float, P2pOp::kSum><<<grid, kThreads, 0, stream>>>(params);
+    launch_kernel(p2p_all_reduce_kernel<float, P2pOp::kSum>, grid, kThreads, 0, stream, params);
   else if (op == P2pOp::kSum && dtype == P2pDType::kBF16)
-    p2p_all_reduce_kernel<__nv_bfloat16, P2pOp::kSum><<<grid, kThreads, 0, stream>>>(params);
+    launch_kernel(p2p_all_reduce_kernel<__nv_bfloat16, P2pOp::kSum>, grid, kThreads, 0, stream, params);
   else if (op == P2pOp::kMax && dtype == P2pDType::kF32)
-    p2p_all_reduce_kernel<float, P2pOp::kMax><<<grid, kThreads, 0, stream>>>(params);
+    launch_kernel(p2p_all_reduce_kernel<float, P2pOp::kMax>, grid, kThreads, 0, stream, params);
   else
     fail("peer-to-peer all-reduce: no BF16 maximum");
   cuda_check(cudaGetLastError());

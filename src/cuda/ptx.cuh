@@ -121,4 +121,12 @@ __device__ inline void mma_bf16_16x8x16(float (&d)[4], const uint32_t (&a)[4], c
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
+// Programmatic dependent launch (sm_90; launch.h). A kernel launched with the PDL attribute may start
+// while the previous kernel in its stream still runs: it waits here until that grid has completed and
+// its memory is visible, before its first global access. A no-op when launched without the attribute.
+__device__ inline void grid_dependency_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
+// Lets the next kernel in the stream be scheduled now (it still waits in grid_dependency_wait for this
+// grid to complete); without it, that happens as this grid's blocks exit.
+__device__ inline void launch_dependents() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
+
 }  // namespace nibble::cuda::ptx

@@ -7,6 +7,8 @@
 
 #include "core/counter_rng.h"
 #include "cuda/cuda_check.h"
+#include "cuda/launch.h"
+#include "cuda/ptx.cuh"
 
 namespace nibble::cuda {
 namespace {
@@ -28,6 +30,8 @@ __device__ inline Best shuffle_xor(Best b, int offset) {
 
 __global__ void __launch_bounds__(kThreads)
     sample_kernel(const float* logits, const float* temperatures, const int64_t* keys, int64_t V, int32_t* out) {
+  ptx::grid_dependency_wait();
+  ptx::launch_dependents();
   const float* row = logits + blockIdx.x * V;
   const float t = temperatures[blockIdx.x];
   const auto key = static_cast<uint64_t>(keys[blockIdx.x]);
@@ -58,8 +62,8 @@ void sample_rows(const Tensor& logits, const Tensor& temperatures, const Tensor&
   expect(out, DType::kI32, {R}, "sample output");
   check(V >= 1 && V < INT_MAX, "sample: ", V, " values a row");
   if (R == 0) return;
-  sample_kernel<<<static_cast<unsigned>(R), kThreads, 0, stream>>>(
-      logits.data<float>(), temperatures.data<float>(), keys.data<int64_t>(), V, out.data<int32_t>());
+  launch_kernel(sample_kernel, static_cast<unsigned>(R), kThreads, 0, stream, logits.data<float>(),
+                temperatures.data<float>(), keys.data<int64_t>(), V, out.data<int32_t>());
   cuda_check(cudaGetLastError());
 }
 

@@ -1,0 +1,80 @@
+// Kernel launches with programmatic dependent launch (PDL, sm_90): launched with the attribute, a
+// kernel's blocks may be scheduled while the previous kernel in the stream finishes, so the launch
+// gap hides behind its tail. Every kernel launched here must call ptx::grid_dependency_wait() before
+// its first global memory access (ptx.cuh). NIBBLE_PDL=0 in the environment launches without the
+// attribute (plain stream order). Not for cuBLAS(Lt) or NCCL work, which launches its own kernels.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <array>
+#include <atomic>
+#include <cstddef>
+#include <cstdlib>
+#include <initializer_list>
+#include <string_view>
+#include <utility>
+
+#include "core/error.h"
+#include "cuda/cuda_check.h"
+
+namespace nibble::cuda {
+
+enum class Pdl { kOff, kOn };
+
+namespace detail {
+inline std::atomic<Pdl>& pdl_setting() {
+  static std::atomic<Pdl> setting{[] {  // the environment, read once
+    const char* v = std::getenv("NIBBLE_PDL");
+    return v != nullptr && std::string_view(v) == "0" ? Pdl::kOff : Pdl::kOn;
+  }()};
+  return setting;
+}
+}  // namespace detail
+
+// Whether launches carry the PDL attribute: on unless NIBBLE_PDL=0.
+inline Pdl pdl() { return detail::pdl_setting().load(std::memory_order_relaxed); }
+
+// Overrides NIBBLE_PDL for the launches that follow (tests run a chain both ways). A CUDA graph keeps
+// what its launches had when it was captured.
+inline void set_pdl(Pdl mode) { detail::pdl_setting().store(mode, std::memory_order_relaxed); }
+
+// A thread-block cluster of `x` blocks along the grid's x, for launch_kernel_with.
+inline cudaLaunchAttribute cluster_shape(unsigned x) {
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeClusterDimension;
+  attribute.val.clusterDim = {x, 1, 1};
+  return attribute;
+}
+
+// kernel<<<grid, block, smem, stream>>>(args...) with the launch attributes `extra` (a cluster shape;
+// 3 at most) and PDL's when enabled. Arguments convert to the kernel's parameter types.
+template <typename... Params, typename... Args>
+void launch_kernel_with(std::initializer_list<cudaLaunchAttribute> extra, void (*kernel)(Params...), dim3 grid,
+                        dim3 block, std::size_t smem, cudaStream_t stream, Args&&... args) {
+  std::array<cudaLaunchAttribute, 4> attributes{};
+  check(extra.size() < attributes.size(), "launch_kernel_with: ", extra.size(), " extra attributes");
+  unsigned count = 0;
+  for (const cudaLaunchAttribute& a : extra) attributes[count++] = a;
+  if (pdl() == Pdl::kOn) {
+    attributes[count].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attributes[count++].val.programmaticStreamSerializationAllowed = 1;
+  }
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  config.attrs = count > 0 ? attributes.data() : nullptr;
+  config.numAttrs = count;
+  cuda_check(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
+}
+
+// kernel<<<grid, block, smem, stream>>>(args...), with PDL's attribute when enabled.
+template <typename... Params, typename... Args>
+void launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t smem, cudaStream_t stream,
+                   Args&&... args) {
+  launch_kernel_with({}, kernel, grid, block, smem, stream, std::forward<Args>(args)...);
+}
+
+}  // namespace nibble::cuda
