@@ -3,12 +3,16 @@
 // Work is cut into units of (active expert, 64 or 128 output channels, K split); a persistent grid of
 // blocks walks them with a static stride (units per block differ by at most one), each unit chunk by
 // chunk of kRows rows (one chunk unless an expert has more rows than the tile). Each block is one (or
-// two, sharing the activations) consumer warpgroups and one producer warp: the producer runs the block's pipeline across its units (no fill or
-// drain between them), each consumer warp's weights for a stage arriving as one bulk copy (TMA) and the
-// activations as 16-byte cp.async copies, all completing on the stage's mbarrier; the consumers hand
-// each slot back on a second mbarrier. Weights go to registers as wgmma A fragments; activations sit in
-// shared memory as wgmma's core matrices. The tensor cores sum 128 K at a time; every 128 K is added
-// to fp32 registers, so accumulation error does not grow with K.
+// two, sharing the activations) consumer warpgroups and one producer warp: the producer runs the
+// block's pipeline across its units (no fill or drain between them), each consumer warp's weights for
+// a stage arriving as one bulk copy (TMA) and the activations as 16-byte cp.async copies (mma.sync: a
+// bulk copy a row), all completing on the stage's mbarrier; the consumers hand each slot back on a
+// second mbarrier.
+// wgmma: weights go to registers as wgmma A fragments; activations sit in shared memory as wgmma's core
+// matrices. The tensor cores sum 128 K at a time; every 128 K is added to fp32 registers, so
+// accumulation error does not grow with K.
+// mma.sync (GemmMath::kMmaSync): each warp takes one K block of the stage across the block's 64
+// channels (m16n8k16 f16, fp32 sums); the warps' partial sums meet in shared memory at a unit's end.
 #include <algorithm>
 #include <cstdlib>
 #include <string>
@@ -16,6 +20,7 @@
 #include "cuda/cuda_check.h"
 #include "cuda/device.h"
 #include "cuda/kernel_attributes.h"
+#include "cuda/launch.h"
 #include "cuda/moe_gemm_w4a8.h"
 #include "cuda/ptx.cuh"
 #include "cuda/wgmma.cuh"
@@ -37,8 +42,11 @@ enum LeaveOut : int { kNothing = 0, kMath = 1, kActivations = 2, kWeights = 4 };
 // Consumer warpgroups a block (64 output channels each, sharing the stage's activations):
 // NIBBLE_MOE_CONSUMER_GROUPS=2 (INT4 weights only) is an experiment, not yet measured.
 constexpr int kConsumerGroups = 1;
-// The decode tiles' tensor-core instructions (moe_gemm_w4a8.h: GemmMath); NIBBLE_MOE_MATH overrides.
-constexpr GemmMath kDefaultMath = GemmMath::kWgmma;
+// The decode tiles' tensor-core instructions (moe_gemm_w4a8.h: GemmMath) unless NIBBLE_MOE_MATH says:
+// mma.sync for tiles of 8 rows, wgmma above. Measured on an H200 (bench/RESULTS.md, 2026-11-30), ncu
+// µs of gate_up / down: Mixtral 1 token 37 / 22 against 42 / 29.5, Grok-1 (tp 2) 8 tokens 187 / 98.5
+// against 187.5 / 106; with 16-row tiles wgmma wins (Mixtral 32 tokens 166 / 79 against 170 / 85).
+constexpr int kMmaMaxTokenTiles = 1;
 
 int env_or(const char* name, int fallback) {
   const char* v = std::getenv(name);
@@ -137,7 +145,8 @@ struct Walk {
   __device__ bool valid(const Cursor& c) const { return c.unit < units; }
 };
 
-// Warp-specialized: the first kWarps warps (kGroups warpgroups) compute, the last one loads. The producer walks the block's
+// Warp-specialized: the first kWarps warps (kGroups warpgroups) compute, the last one loads. The
+// producer walks the block's
 // stages ahead of the consumers, as far as the free slots allow: per stage it waits for the slot to be
 // empty, starts one bulk copy of each consumer warp's weights and its lanes' 16-byte activation copies,
 // all completing on the slot's `full` barrier; the consumers wait for `full`, compute, and release the
@@ -156,6 +165,8 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, q = lane & 3;
   const int tiles = static_cast<int>(p.n / 16);
+  ptx::grid_dependency_wait();  // the routing and the activations come from the kernels before (launch.h)
+  ptx::launch_dependents();
   Walk walk;
   walk.groups = (tiles + kWarps - 1) / kWarps;
   walk.splits = static_cast<int>(p.splits);
@@ -233,45 +244,46 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
         if (prefetch > 0 && walk.valid(ahead)) prefetch_next();
       }
     } else {
-    for (int step = 0; walk.valid(load); ++step) {
-      const int slot = step % kStages;
-      if (step >= kStages) ptx::mbarrier_wait(&sm.empty[slot], ((step / kStages) - 1) & 1);
-      if (load.stage == 0) {
+      for (int step = 0; walk.valid(load); ++step) {
+        const int slot = step % kStages;
+        if (step >= kStages) ptx::mbarrier_wait(&sm.empty[slot], ((step / kStages) - 1) & 1);
+        if (load.stage == 0) {
 #pragma unroll
-        for (int i = 0; i < T::kPairsPerLane; ++i) {
-          const int pair = lane + i * 32, rr = pair / 4, col = pair % 4;
-          const int r = load.chunk * kRows + rr;
-          const int64_t pos = load.row_begin + r;
-          act_src[i] = r < load.rows ? p.act + (p.act_row ? p.act_row[pos] : pos) * p.k + col * 16 : nullptr;
-          act_dst[i] = ((rr / 8) * 4 + col) * kCoreBytes + (rr % 8) * 16;
+          for (int i = 0; i < T::kPairsPerLane; ++i) {
+            const int pair = lane + i * 32, rr = pair / 4, col = pair % 4;
+            const int r = load.chunk * kRows + rr;
+            const int64_t pos = load.row_begin + r;
+            act_src[i] = r < load.rows ? p.act + (p.act_row ? p.act_row[pos] : pos) * p.k + col * 16 : nullptr;
+            act_dst[i] = ((rr / 8) * 4 + col) * kCoreBytes + (rr % 8) * 16;
+          }
         }
+        const int first = load.kb_begin + load.stage * kBlocksPerStage;
+        const int nkb = min(kBlocksPerStage, load.kb_begin + load.kb_count - first);
+        if (lane == 0) {  // the weights: one bulk copy a consumer warp's tile
+          const int valid_tiles = (p.leave_out & kWeights) ? 0 : min(kWarps, tiles - load.group * kWarps);
+          const auto bytes = static_cast<uint32_t>(nkb * T::kWarpBlockBytes);
+          ptx::mbarrier_arrive_expect_tx(&sm.full[slot], bytes * valid_tiles);
+          for (int w = 0; w < valid_tiles; ++w) {
+            const uint8_t* src = weights_at(load, load.group * kWarps + w, first);
+            if (p.evict_first)
+              ptx::bulk_copy_to_shared_evict_first(sm.weights[slot][w], src, bytes, &sm.full[slot]);
+            else
+              ptx::bulk_copy_to_shared(sm.weights[slot][w], src, bytes, &sm.full[slot]);
+          }
+        }
+        // Every K block of the stage is written: zeros past the split's end and the expert's rows.
+#pragma unroll
+        for (int b = 0; b < kBlocksPerStage; ++b)
+#pragma unroll
+          for (int i = 0; i < T::kPairsPerLane; ++i) {
+            const bool copy = b < nkb && act_src[i] != nullptr && !(p.leave_out & kActivations);
+            ptx::cp_async_16(&sm.act[slot][b * kRows * kGemmKBlock + act_dst[i]],
+                             copy ? act_src[i] + (first + b) * kGemmKBlock : p.act, copy);
+          }
+        ptx::cp_async_mbarrier_arrive(&sm.full[slot]);
+        walk.advance(load, p);
+        if (prefetch > 0 && walk.valid(ahead)) prefetch_next();
       }
-      const int first = load.kb_begin + load.stage * kBlocksPerStage;
-      const int nkb = min(kBlocksPerStage, load.kb_begin + load.kb_count - first);
-      if (lane == 0) {  // the weights: one bulk copy a consumer warp's tile
-        const int valid_tiles = (p.leave_out & kWeights) ? 0 : min(kWarps, tiles - load.group * kWarps);
-        const auto bytes = static_cast<uint32_t>(nkb * T::kWarpBlockBytes);
-        ptx::mbarrier_arrive_expect_tx(&sm.full[slot], bytes * valid_tiles);
-        for (int w = 0; w < valid_tiles; ++w) {
-          const uint8_t* src = weights_at(load, load.group * kWarps + w, first);
-          if (p.evict_first)
-            ptx::bulk_copy_to_shared_evict_first(sm.weights[slot][w], src, bytes, &sm.full[slot]);
-          else
-            ptx::bulk_copy_to_shared(sm.weights[slot][w], src, bytes, &sm.full[slot]);
-        }
-      }
-      // Every K block of the stage is written: zeros past the split's end and the expert's rows.
-#pragma unroll
-      for (int b = 0; b < kBlocksPerStage; ++b)
-#pragma unroll
-        for (int i = 0; i < T::kPairsPerLane; ++i) {
-          const bool copy = b < nkb && act_src[i] != nullptr && !(p.leave_out & kActivations);
-          ptx::cp_async_16(&sm.act[slot][b * kRows * kGemmKBlock + act_dst[i]], copy ? act_src[i] + (first + b) * kGemmKBlock : p.act, copy);
-        }
-      ptx::cp_async_mbarrier_arrive(&sm.full[slot]);
-      walk.advance(load, p);
-      if (prefetch > 0 && walk.valid(ahead)) prefetch_next();
-    }
     }
     return;
   }
@@ -512,8 +524,7 @@ void launch(const GemmW4A8Args& p, cudaStream_t stream) {
   args.prefetch_stages = prefetch_stages;
   args.leave_out = leave_out;
   args.evict_first = evict_first;
-  kernel<<<grid, T::kThreads, kSmem, stream>>>(args);
-  cuda_check(cudaGetLastError());
+  launch_kernel(kernel, grid, T::kThreads, kSmem, stream, args);
 }
 
 // Rows of the average active expert decide the tile's rows, with room for twice the average (so
@@ -534,7 +545,7 @@ GemmMath gemm_math() {
     const char* v = std::getenv("NIBBLE_MOE_MATH");
     const std::string name = v != nullptr ? v : "";
     check(name.empty() || name == "mma" || name == "wgmma", "NIBBLE_MOE_MATH must be mma or wgmma, not ", name);
-    return name == "mma" ? GemmMath::kMmaSync : name == "wgmma" ? GemmMath::kWgmma : kDefaultMath;
+    return name == "mma" ? GemmMath::kMmaSync : name == "wgmma" ? GemmMath::kWgmma : GemmMath::kDefault;
   }();
   return math;
 }
@@ -543,7 +554,8 @@ template <int kTokenTiles>
 void launch_tiles(const GemmW4A8Args& p, cudaStream_t stream) {
   if (p.weight_format == ExpertWeightFormat::kFp8) return launch<kTokenTiles, true, 1>(p, stream);
   if constexpr (kTokenTiles <= 2) {
-    if ((p.math != GemmMath::kDefault ? p.math : gemm_math()) == GemmMath::kMmaSync)
+    const GemmMath math = p.math != GemmMath::kDefault ? p.math : gemm_math();
+    if (math == GemmMath::kMmaSync || (math == GemmMath::kDefault && kTokenTiles <= kMmaMaxTokenTiles))
       return launch<kTokenTiles, false, 1, true>(p, stream);
   }
   const int groups = p.consumer_groups > 0 ? p.consumer_groups : consumer_groups();
