@@ -3,9 +3,10 @@
 // from a CUDA graph, with PDL on and off, against the same arithmetic on the host (bit for bit: fp32
 // adds and multiplies). A kernel that touched memory before its grid_dependency_wait would read a
 // stale value. Beside it, kernels of this file show that the attribute takes effect: a reader without
-// the wait, launched behind a writer, runs before the writer ends (eagerly and in a graph).
+// the wait, launched behind a writer, runs before the writer ends (in a graph).
 #include <gtest/gtest.h>
 
+#include <iostream>
 #include <random>
 #include <vector>
 
@@ -177,7 +178,13 @@ TEST(Pdl, NextKernelStartsBeforeItsPredecessorEnds) {
     {
       PdlScope scope(cuda::Pdl::kOn);
       const auto [early, waiting] = read_behind_writer(ops, replay);
-      EXPECT_EQ(early, 0) << how << ": with PDL, a reader without the wait runs during the writer";
+      // Graphs (the decode step) overlap the two; an eager launch may not (on the H200 of 2026-11-30 the
+      // eager reader ran after the writer), so only graphs are held to it.
+      if (replay == Replay::kGraph)
+        EXPECT_EQ(early, 0) << how << ": with PDL, a reader without the wait runs during the writer";
+      else
+        std::cout << "eager launch with PDL: the reader without the wait " << (early == 0 ? "overlapped" : "followed")
+                  << " the writer\n";
       EXPECT_EQ(waiting, 1) << how << ": grid_dependency_wait waits for the writer";
     }
     {
