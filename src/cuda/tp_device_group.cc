@@ -5,6 +5,7 @@
 #include "cuda/cuda_check.h"
 #include "cuda/cuda_ops.h"
 #include "cuda/device.h"
+#include "cuda/launch.h"
 #include "cuda/nccl_communicator.h"
 
 namespace nibble::cuda {
@@ -19,6 +20,10 @@ std::unique_ptr<TensorParallelModel> make_cuda_tp_model(const ModelConfig& whole
                                                         Ops& rank0_ops,
                                                         const RankWeights& weights) {
   check_gpu_count(tp_size);
+  // Programmatic dependent launch stays off while ranks run: with it on, tensor-parallel steps were not
+  // reproducible on 2×H200 (test_cuda_tp: graphs against eager steps, two generations of one prompt;
+  // 2026-11-30), and they were with NIBBLE_PDL=0. One GPU keeps it.
+  if (tp_size > 1) set_pdl(Pdl::kOff);
   check(rank0_ops.device() == Device::kCuda,
         "tensor parallel on CUDA: rank 0's backend is not CUDA");
   int device = -1;
