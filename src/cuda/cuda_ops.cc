@@ -126,7 +126,7 @@ void CudaOps::argmax(const Tensor& x, Tensor& out) { argmax_rows(x, out, stream_
 void CudaOps::sample(const Tensor& logits, const Tensor& temperatures, const Tensor& keys, Tensor& out) {
   static const bool on_device = [] {
     const char* v = std::getenv("NIBBLE_DEVICE_SAMPLING");
-    return v != nullptr && std::string_view(v) == "1";
+    return v == nullptr || std::string_view(v) != "0";
   }();
   if (on_device) return sample_rows(logits, temperatures, keys, out, stream_);
   Tensor ids = Tensor::zeros(DType::kI32, {logits.dim(0)});

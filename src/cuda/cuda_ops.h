@@ -41,8 +41,8 @@ class CudaOps final : public Ops {
   void add_rms_norm(Tensor& x, const Tensor& y, const Tensor& weight, float eps, Tensor& out) override;
   void scale(Tensor& x, float factor) override;
   void argmax(const Tensor& x, Tensor& out) override;
-  // On the device with NIBBLE_DEVICE_SAMPLING=1 (sampling.h; to be made the default once it has run on
-  // a GPU), else the host's Ops::sample on downloaded logits.
+  // On the device (sampling.h; CudaSampling.GumbelSampleMatchesHost checks it against the host), or with
+  // NIBBLE_DEVICE_SAMPLING=0 the host's Ops::sample on downloaded logits.
   void sample(const Tensor& logits, const Tensor& temperatures, const Tensor& keys, Tensor& out) override;
   void linear(const Tensor& x, const Linear& w, Tensor& out, Communicator* row_group = nullptr) override;
   void logits(const Tensor& x, const Tensor& rows, const Linear& w, Tensor& out) override;
