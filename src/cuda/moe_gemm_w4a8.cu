@@ -44,8 +44,9 @@ enum LeaveOut : int { kNothing = 0, kMath = 1, kActivations = 2, kWeights = 4 };
 constexpr int kConsumerGroups = 1;
 // The decode tiles' tensor-core instructions (moe_gemm_w4a8.h: GemmMath) unless NIBBLE_MOE_MATH says:
 // mma.sync for tiles of 8 rows, wgmma above. Measured on an H200 (bench/RESULTS.md, 2026-11-30), ncu
-// µs of gate_up / down: Mixtral 1 token 37 / 22 against 42 / 29.5, Grok-1 (tp 2) 8 tokens 187 / 98.5
-// against 187.5 / 106; with 16-row tiles wgmma wins (Mixtral 32 tokens 166 / 79 against 170 / 85).
+// µs of gate_up / down: Mixtral 1 token 37.3 / 22.0 against 42.3 / 34.7, Grok-1 (tp 2) 8 tokens
+// 187.1 / 98.9 against 187.5 / 105.8; with 16-row tiles wgmma wins (Mixtral 32 tokens 166.3 / 80.5
+// against 170.0 / 85.1).
 constexpr int kMmaMaxTokenTiles = 1;
 
 int env_or(const char* name, int fallback) {
