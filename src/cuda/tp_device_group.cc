@@ -2,6 +2,9 @@
 // thread.
 #include "cuda/tp_device_group.h"
 
+#include <cstdlib>
+#include <string_view>
+
 #include "cuda/cuda_check.h"
 #include "cuda/cuda_ops.h"
 #include "cuda/device.h"
@@ -9,6 +12,15 @@
 #include "cuda/nccl_communicator.h"
 
 namespace nibble::cuda {
+namespace {
+
+// NIBBLE_TP_PDL=1: programmatic dependent launch stays on under tensor parallelism.
+bool tp_pdl_requested() {
+  const char* v = std::getenv("NIBBLE_TP_PDL");
+  return v != nullptr && std::string_view(v) == "1";
+}
+
+}  // namespace
 
 void check_gpu_count(int tp_size) {
   const int visible = device_count();
@@ -20,10 +32,12 @@ std::unique_ptr<TensorParallelModel> make_cuda_tp_model(const ModelConfig& whole
                                                         Ops& rank0_ops,
                                                         const RankWeights& weights) {
   check_gpu_count(tp_size);
-  // Programmatic dependent launch stays off while ranks run: with it on, tensor-parallel steps were not
-  // reproducible on 2×H200 (test_cuda_tp: graphs against eager steps, two generations of one prompt;
-  // 2026-11-30), and they were with NIBBLE_PDL=0. One GPU keeps it.
-  if (tp_size > 1) set_pdl(Pdl::kOff);
+  // Programmatic dependent launch stays off while ranks run: with it on, tensor-parallel steps were
+  // not reproducible on 2×H200 (test_cuda_tp: graphs against eager steps, two generations of one
+  // prompt; 2026-11-30), and they were with NIBBLE_PDL=0. One GPU keeps it. NIBBLE_TP_PDL=1 keeps
+  // it on here too, to test the fix (the peer-to-peer all-reduce outside PDL, p2p_all_reduce.cu)
+  // until measured.
+  if (tp_size > 1 && !tp_pdl_requested()) set_pdl(Pdl::kOff);
   check(rank0_ops.device() == Device::kCuda,
         "tensor parallel on CUDA: rank 0's backend is not CUDA");
   int device = -1;

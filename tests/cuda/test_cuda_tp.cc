@@ -17,9 +17,11 @@
 #include <stdexcept>
 #include <thread>
 
+#include "cuda/basic_ops.h"
 #include "cuda/cuda_check.h"
 #include "cuda/cuda_ops.h"
 #include "cuda/device.h"
+#include "cuda/launch.h"
 #include "cuda/nccl_communicator.h"
 #include "cuda/p2p_all_reduce.h"
 #include "cuda/tp_device_group.h"
@@ -461,6 +463,68 @@ TEST(CudaTensorParallel, P2pAllReduceReplayedInCudaGraph) {
     }
     cuda_check(cudaGraphExecDestroy(exec));
   });
+  for (int r = 0; r < 2; ++r) EXPECT_EQ(errors[static_cast<std::size_t>(r)], "") << "rank " << r;
+  if (no_peer_access) GTEST_SKIP() << "the GPUs cannot access each other peer to peer";
+  for (int r = 0; r < 2; ++r) {
+    const auto& bad = mismatches[static_cast<std::size_t>(r)];
+    EXPECT_TRUE(bad.empty()) << "rank " << r << ": " << bad.size()
+                             << " mismatches, first: " << bad.front();
+  }
+}
+
+// The all-reduce between two kernels launched with programmatic dependent launch, as in a tp step
+// (cuda/launch.h on for this test): a kernel writes x (x *= 1), the peer-to-peer sum or maximum, a
+// kernel reads it (x *= 2); 1100 calls queued back to back over sizes whose 16-byte packs share
+// 32-byte sectors between blocks, one rank lagging now and then (so one waits in the all-reduce
+// while its next kernels could be resident). Every x equals twice the host's reduction, bit for bit.
+TEST(CudaTensorParallel, P2pAllReduceBetweenPdlKernels) {
+  SKIP_WITHOUT_TWO_GPUS();
+  const cuda::Pdl saved = cuda::pdl();
+  cuda::set_pdl(cuda::Pdl::kOn);
+  auto group = std::make_shared<cuda::NcclGroup>(2, cuda::SmallMessages::kPeerToPeer);
+  std::atomic<bool> no_peer_access{false};
+  std::vector<std::vector<std::string>> mismatches(2);
+  const std::vector<int64_t> sizes = {1, 3, 5, 13, 33, 64, 100, 255, 256, 770, 4096};
+  const auto errors = on_ranks(2, {group}, [&](int r) {
+    const cudaStream_t stream = cuda::compute_stream();
+    cuda::NcclCommunicator comm(group, r, stream);
+    if (!comm.peer_to_peer_enabled()) {
+      no_peer_access = true;
+      return;
+    }
+    std::vector<Tensor> xs;
+    std::vector<Message> queued;
+    for (int call = 0; call < 1100; ++call) {
+      const Message m{DType::kF32, sizes[static_cast<std::size_t>(call) % sizes.size()],
+                      call % 3 == 1 ? cuda::P2pOp::kMax : cuda::P2pOp::kSum};
+      xs.push_back(cuda::upload(rank_input(m.dtype, m.n, r, 200 + call)));
+      queued.push_back(m);
+    }
+    cuda_check(cudaDeviceSynchronize());
+    for (std::size_t call = 0; call < queued.size(); ++call) {
+      if (r == static_cast<int>(call / 100) % 2 && call % 37 == 0)
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
+      cuda::scale(xs[call], 1.0f, stream);
+      all_reduce(comm, xs[call], queued[call].op);
+      cuda::scale(xs[call], 2.0f, stream);
+    }
+    auto& bad = mismatches[static_cast<std::size_t>(r)];
+    for (std::size_t call = 0; call < queued.size(); ++call) {
+      const int c = 200 + static_cast<int>(call);
+      Tensor want = host_reduce(queued[call], 2, c);
+      for (int64_t i = 0; i < want.numel(); ++i) want.data<float>()[i] *= 2.0f;
+      const Tensor got = cuda::download(xs[call]);
+      if (!same_bits(got, want)) {
+        int64_t first = 0;
+        while (first < want.numel() &&
+               std::memcmp(got.data<float>() + first, want.data<float>() + first, sizeof(float)) == 0)
+          ++first;
+        bad.push_back(cat("call ", call, " ", describe(queued[call]), ": element ", first, " ",
+                          got.data<float>()[first], ", host ", want.data<float>()[first]));
+      }
+    }
+  });
+  cuda::set_pdl(saved);
   for (int r = 0; r < 2; ++r) EXPECT_EQ(errors[static_cast<std::size_t>(r)], "") << "rank " << r;
   if (no_peer_access) GTEST_SKIP() << "the GPUs cannot access each other peer to peer";
   for (int r = 0; r < 2; ++r) {
