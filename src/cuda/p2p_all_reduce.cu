@@ -16,9 +16,7 @@
 // about whole calls.
 #include <cuda_bf16.h>
 
-#include <cstdlib>
 #include <cstring>
-#include <string_view>
 #include <type_traits>
 
 #include "cuda/cuda_check.h"
@@ -166,11 +164,9 @@ __global__ void __launch_bounds__(kThreads)
     p2p_all_reduce_kernel(const __grid_constant__ P2pParams p) {
   __shared__ int aborted;
   const int b = blockIdx.x;
-  // PDL (only with p.pdl, launch_p2p_all_reduce): the previous kernel's writes (x, the epochs) are
-  // complete before any flag, staging or x access; without p.pdl the launch has no PDL attribute,
-  // the wait returns at once and the next kernel launches only as this grid's blocks exit.
+  // PDL: the previous kernel's writes (x, the epochs) are complete before any flag, staging or x access.
   ptx::grid_dependency_wait();
-  if (p.pdl) ptx::launch_dependents();
+  ptx::launch_dependents();
   // Read by every thread before the barrier below; thread 0 writes it back at the very end.
   const uint64_t epoch = p.epochs[b] + 1;
   if (threadIdx.x == 0) aborted = 0;
@@ -215,44 +211,20 @@ __global__ void __launch_bounds__(kThreads)
   if (threadIdx.x == 0) p.epochs[b] = epoch;
 }
 
-// Whether the all-reduce takes part in programmatic dependent launch: NIBBLE_P2P_PDL=1 (read once).
-bool p2p_pdl() {
-  static const bool on = [] {
-    const char* v = std::getenv("NIBBLE_P2P_PDL");
-    return v != nullptr && std::string_view(v) == "1";
-  }();
-  return on;
-}
-
 }  // namespace
 
-// Under PDL (launch.h) the all-reduce is a full stream barrier on both sides by default: launched
-// without the attribute (it starts once the kernel before it has completed) and without the early
-// trigger (the kernel after it launches only as its blocks exit, then still waits for its flush).
-// It is the one kernel whose blocks wait for another device, so it is where PDL would let a rank's
-// next kernels sit resident for long; with PDL through it, tp 2 W4A8 steps were not reproducible on
-// 2×H200 (2026-11-30, tp_device_group.cc). NIBBLE_P2P_PDL=1 launches it with PDL as before (the
-// experiment that tells whether this boundary was the cause).
 void launch_p2p_all_reduce(const P2pParams& params, P2pDType dtype, P2pOp op, int grid,
                            cudaStream_t stream) {
   check(grid >= 1 && grid <= kP2pMaxBlocks && params.size >= 2 && params.size <= kP2pMaxRanks,
         "peer-to-peer all-reduce: grid ", grid, ", ", params.size, " ranks");
-  P2pParams p = params;
-  p.pdl = p2p_pdl() && pdl() == Pdl::kOn;
-  const auto launch = [&](auto kernel) {
-    if (p.pdl)
-      launch_kernel(kernel, grid, kThreads, 0, stream, p);
-    else
-      kernel<<<grid, kThreads, 0, stream>>>(p);
-  };
   // The combinations that ship: sums of F32 (the residual stream) and BF16, maxima of F32 (the FP8
   // quantizers' row amax).
   if (op == P2pOp::kSum && dtype == P2pDType::kF32)
-    launch(p2p_all_reduce_kernel<float, P2pOp::kSum>);
+    launch_kernel(p2p_all_reduce_kernel<float, P2pOp::kSum>, grid, kThreads, 0, stream, params);
   else if (op == P2pOp::kSum && dtype == P2pDType::kBF16)
-    launch(p2p_all_reduce_kernel<__nv_bfloat16, P2pOp::kSum>);
+    launch_kernel(p2p_all_reduce_kernel<__nv_bfloat16, P2pOp::kSum>, grid, kThreads, 0, stream, params);
   else if (op == P2pOp::kMax && dtype == P2pDType::kF32)
-    launch(p2p_all_reduce_kernel<float, P2pOp::kMax>);
+    launch_kernel(p2p_all_reduce_kernel<float, P2pOp::kMax>, grid, kThreads, 0, stream, params);
   else
     fail("peer-to-peer all-reduce: no BF16 maximum");
   cuda_check(cudaGetLastError());

@@ -73,9 +73,6 @@ struct P2pParams {
   uint64_t* flags[kP2pMaxRanks] = {};  // each rank's [kP2pMaxRanks (writer), kP2pMaxBlocks] epochs
   uint64_t* epochs = nullptr;          // this rank's [kP2pMaxBlocks]: the last epoch each block ran
   const volatile int* abort_flag = nullptr;
-  // Programmatic dependent launch through this kernel (launch_p2p_all_reduce sets it): off by
-  // default, NIBBLE_P2P_PDL=1 turns it on (an experiment; p2p_all_reduce.cu says why it is off).
-  bool pdl = false;
 };
 
 class P2pAllReduce {
