@@ -20,8 +20,10 @@
 #include "cuda/cuda_check.h"
 #include "cuda/device.h"
 #include "cuda/kernel_attributes.h"
+#include "cuda/int4_f16_mma.cuh"
 #include "cuda/launch.h"
 #include "cuda/moe_gemm_w4a8.h"
+#include "cuda/moe_gemm_w4a8_stream.h"
 #include "cuda/ptx.cuh"
 #include "cuda/wgmma.cuh"
 
@@ -95,21 +97,6 @@ struct alignas(128) GemmSmem {
   float token_scale[T::kRows];
   float4 reduce[T::kReduceSlots];
 };
-
-// Two FP8 e4m3 values (low byte first) as two f16 (exact).
-__device__ inline uint32_t e4m3x2_to_f16x2(uint32_t two_bytes) {
-  uint32_t r;
-  asm("{\n.reg .b16 v;\ncvt.u16.u32 v, %1;\ncvt.rn.f16x2.e4m3x2 %0, v;\n}\n" : "=r"(r) : "r"(two_bytes));
-  return r;
-}
-
-// d (16×8 f32) += a (16×16 f16) · b (16×8 f16); not volatile, so that the scheduler may interleave.
-__device__ inline void mma_f16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
 
 // A position in a block's walk over its units: unit, row chunk of the unit's expert, pipeline stage.
 struct Cursor {
@@ -329,24 +316,16 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
         for (int s = 0; s < 4; ++s) {
           uint32_t bf[kTokenTiles][2];
 #pragma unroll
-          for (int nt = 0; nt < kTokenTiles; ++nt) {
-            const uint32_t y = __byte_perm(x[nt][s], 0, 0x3120);
-            bf[nt][0] = e4m3x2_to_f16x2(y & 0xFFFFu);
-            bf[nt][1] = e4m3x2_to_f16x2(y >> 16);
-          }
+          for (int nt = 0; nt < kTokenTiles; ++nt) int4_f16::activation_fragment(x[nt][s], bf[nt]);
 #pragma unroll
           for (int mt = 0; mt < kWarps; ++mt) {
-            // Byte i of the word: K 4q + i, row g in its low nibble and g + 8 in its high one. Masked
-            // in place, a nibble u is the f16 subnormal u · 2^-24 (low) or u · 2^-20 (high: rows g + 8,
-            // scaled back in the epilogue).
-            const uint32_t word = s == 0 ? w[mt].x : s == 1 ? w[mt].y : s == 2 ? w[mt].z : w[mt].w;
-            const uint32_t odd = word >> 8;
-            const uint32_t a[4] = {word & 0x000F000Fu, word & 0x00F000F0u, odd & 0x000F000Fu, odd & 0x00F000F0u};
+            uint32_t a[4];  // int4_f16_mma.cuh: the nibbles as f16, rows g + 8 scaled by 16
+            int4_f16::weight_fragment(s == 0 ? w[mt].x : s == 1 ? w[mt].y : s == 2 ? w[mt].z : w[mt].w, a);
 #pragma unroll
             for (int nt = 0; nt < kTokenTiles; ++nt)
               if (nt == 0 || nt * 8 < rows_left) {
                 float(&d)[4] = *reinterpret_cast<float(*)[4]>(&acc[(mt * kTokenTiles + nt) * 4]);
-                mma_f16(d, a, bf[nt]);
+                int4_f16::mma(d, a, bf[nt]);
               }
           }
         }
@@ -460,7 +439,8 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
             const int row = nt * 8 + 2 * q + (j & 1);
             const int64_t channel = tile * 16 + g + ((j & 2) ? 8 : 0);
             if (compute.chunk * kRows + row >= compute.rows) continue;
-            const float dot = sum[nt][j] * ((j & 2) ? 1048576.0f : 16777216.0f) - 8.0f * sm.token_sum[row];
+            const float dot =
+                sum[nt][j] * ((j & 2) ? int4_f16::kHighScale : int4_f16::kLowScale) - 8.0f * sm.token_sum[row];
             out[row * p.n + channel] = dot * sm.token_scale[row] * wscale[channel];
           }
       } else if (!kMma && tile < tiles) {
@@ -540,21 +520,32 @@ int consumer_groups() {
   return groups;
 }
 
-// NIBBLE_MOE_MATH: "mma" or "wgmma" (measurements: bench/RESULTS.md).
+// NIBBLE_MOE_MATH: "mma", "wgmma" or "stream" (measurements: bench/RESULTS.md).
 GemmMath gemm_math() {
   static const GemmMath math = [] {
     const char* v = std::getenv("NIBBLE_MOE_MATH");
     const std::string name = v != nullptr ? v : "";
-    check(name.empty() || name == "mma" || name == "wgmma", "NIBBLE_MOE_MATH must be mma or wgmma, not ", name);
-    return name == "mma" ? GemmMath::kMmaSync : name == "wgmma" ? GemmMath::kWgmma : GemmMath::kDefault;
+    check(name.empty() || name == "mma" || name == "wgmma" || name == "stream",
+          "NIBBLE_MOE_MATH must be mma, wgmma or stream, not ", name);
+    return name == "mma"      ? GemmMath::kMmaSync
+           : name == "wgmma"  ? GemmMath::kWgmma
+           : name == "stream" ? GemmMath::kStream
+                              : GemmMath::kDefault;
   }();
   return math;
+}
+
+// Whether the streaming kernel takes INT4 tiles of `token_tiles` 8-row tiles.
+bool streams(GemmMath requested, int token_tiles) {
+  const GemmMath math = requested != GemmMath::kDefault ? requested : gemm_math();
+  return math == GemmMath::kStream && token_tiles <= 2;
 }
 
 template <int kTokenTiles>
 void launch_tiles(const GemmW4A8Args& p, cudaStream_t stream) {
   if (p.weight_format == ExpertWeightFormat::kFp8) return launch<kTokenTiles, true, 1>(p, stream);
   if constexpr (kTokenTiles <= 2) {
+    if (streams(p.math, kTokenTiles)) return launch_moe_gemm_stream(p, kTokenTiles, stream);
     const GemmMath math = p.math != GemmMath::kDefault ? p.math : gemm_math();
     if (math == GemmMath::kMmaSync || (math == GemmMath::kDefault && kTokenTiles <= kMmaMaxTokenTiles))
       return launch<kTokenTiles, false, 1, true>(p, stream);
@@ -567,8 +558,23 @@ void launch_tiles(const GemmW4A8Args& p, cudaStream_t stream) {
 }  // namespace
 
 int64_t choose_k_splits(int64_t n, int64_t k, int64_t expert_slots, int64_t rows, int num_sms) {
-  (void)rows;
   const int64_t kblocks = k / kGemmKBlock;
+  const int token_tiles = token_tiles_for(rows, expert_slots);
+  if (streams(GemmMath::kDefault, token_tiles)) {
+    // A warp's units, in waves of as many as the GPU runs warps: the split with the shortest
+    // makespan (waves × K blocks a unit), fewer splits unless more save 3% (each split's sums are
+    // written and read once more).
+    const int64_t pairs = expert_slots * ((n / 16 + 3) / 4);  // (expert, 64 channels)
+    const int64_t warps = int64_t{num_sms} * stream_warps_per_sm(token_tiles);
+    int64_t best = 1, best_time = pairs <= warps ? kblocks : ((pairs + warps - 1) / warps) * kblocks;
+    for (int64_t s = 2; s <= std::max<int64_t>(1, kblocks / kBlocksPerStage); ++s) {
+      const int64_t per_split = (kblocks + s - 1) / s;
+      if ((kblocks + per_split - 1) / per_split != s) continue;  // no empty split
+      const int64_t time = ((pairs * s + warps - 1) / warps) * per_split;
+      if (time * 100 < best_time * 97) best = s, best_time = time;
+    }
+    return best;
+  }
   const int64_t warps = 4 * consumer_groups();
   const int64_t pairs = expert_slots * ((n / 16 + warps - 1) / warps);  // (expert, a block's channels)
   static const int units_per_sm = env_or("NIBBLE_MOE_UNITS_PER_SM", kUnitsPerSm);
