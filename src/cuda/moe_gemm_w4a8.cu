@@ -41,9 +41,13 @@ constexpr int kUnitsPerSm = 6;
 // Timing experiments (bench/RESULTS.md): NIBBLE_MOE_LEAVE_OUT is a sum of what is left out: 1 the
 // consumers' math, 2 the activation copies, 4 the weight copies (wrong results; the time of the rest).
 enum LeaveOut : int { kNothing = 0, kMath = 1, kActivations = 2, kWeights = 4 };
-// Consumer warpgroups a block (64 output channels each, sharing the stage's activations):
-// NIBBLE_MOE_CONSUMER_GROUPS=2 (INT4 weights only) is an experiment, not yet measured.
-constexpr int kConsumerGroups = 1;
+// Consumer warpgroups a wgmma block (64 output channels each, sharing the stage's activations): two
+// for 16-row tiles of wide projections (N >= kTwoGroupsMinN), else one; NIBBLE_MOE_CONSUMER_GROUPS
+// (1 or 2) overrides. Measured on an H200 (bench/RESULTS.md, 2026-11-30), ncu µs at 32 tokens, one
+// group against two: Mixtral gate_up (N 28672) 166.3 / 157.5, down (N 4096) 80.5 / 78.8; Grok-1 tp 2
+// gate_up (N 32768) 266 / 257.7, down (N 6144) 135 / 149.5; at 8-row tiles two lost (Grok-1 8 tokens
+// gate_up 187.5 / 208.5).
+constexpr int64_t kTwoGroupsMinN = 16384;
 // The decode tiles' tensor-core instructions (moe_gemm_w4a8.h: GemmMath) unless NIBBLE_MOE_MATH says:
 // mma.sync for tiles of 8 rows, wgmma above. Measured on an H200 (bench/RESULTS.md, 2026-11-30), ncu
 // µs of gate_up / down: Mixtral 1 token 37.3 / 22.0 against 42.3 / 34.7, Grok-1 (tp 2) 8 tokens
@@ -515,9 +519,11 @@ int token_tiles_for(int64_t rows, int64_t expert_slots) {
   return per_expert <= 4 ? 1 : per_expert <= 8 ? 2 : per_expert <= 16 ? 4 : 8;
 }
 
-int consumer_groups() {
-  static const int groups = std::clamp(env_or("NIBBLE_MOE_CONSUMER_GROUPS", kConsumerGroups), 1, 2);
-  return groups;
+// Consumer warpgroups for a problem of N channels in tiles of `token_tiles` 8-row tiles (INT4 wgmma).
+int consumer_groups(int64_t n, int token_tiles) {
+  static const int forced = std::clamp(env_or("NIBBLE_MOE_CONSUMER_GROUPS", 0), 0, 2);
+  if (forced > 0) return forced;
+  return token_tiles == 2 && n >= kTwoGroupsMinN ? 2 : 1;
 }
 
 // NIBBLE_MOE_MATH: "mma", "wgmma" or "stream" (measurements: bench/RESULTS.md).
@@ -550,7 +556,7 @@ void launch_tiles(const GemmW4A8Args& p, cudaStream_t stream) {
     if (math == GemmMath::kMmaSync || (math == GemmMath::kDefault && kTokenTiles <= kMmaMaxTokenTiles))
       return launch<kTokenTiles, false, 1, true>(p, stream);
   }
-  const int groups = p.consumer_groups > 0 ? p.consumer_groups : consumer_groups();
+  const int groups = p.consumer_groups > 0 ? p.consumer_groups : consumer_groups(p.n, kTokenTiles);
   if (groups == 2) return launch<kTokenTiles, false, 2>(p, stream);
   launch<kTokenTiles, false, 1>(p, stream);
 }
@@ -566,7 +572,7 @@ int64_t choose_k_splits(int64_t n, int64_t k, int64_t expert_slots, int64_t rows
     // written and read once more).
     const int64_t pairs = expert_slots * ((n / 16 + 3) / 4);  // (expert, 64 channels)
     const int64_t warps = int64_t{num_sms} * stream_warps_per_sm(token_tiles);
-    int64_t best = 1, best_time = pairs <= warps ? kblocks : ((pairs + warps - 1) / warps) * kblocks;
+    int64_t best = 1, best_time = ((pairs + warps - 1) / warps) * kblocks;
     for (int64_t s = 2; s <= std::max<int64_t>(1, kblocks / kBlocksPerStage); ++s) {
       const int64_t per_split = (kblocks + s - 1) / s;
       if ((kblocks + per_split - 1) / per_split != s) continue;  // no empty split
@@ -575,7 +581,7 @@ int64_t choose_k_splits(int64_t n, int64_t k, int64_t expert_slots, int64_t rows
     }
     return best;
   }
-  const int64_t warps = 4 * consumer_groups();
+  const int64_t warps = 4 * consumer_groups(n, token_tiles);
   const int64_t pairs = expert_slots * ((n / 16 + warps - 1) / warps);  // (expert, a block's channels)
   static const int units_per_sm = env_or("NIBBLE_MOE_UNITS_PER_SM", kUnitsPerSm);
   const int64_t most = std::max<int64_t>(1, kblocks / kBlocksPerStage);
