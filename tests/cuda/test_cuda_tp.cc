@@ -318,6 +318,17 @@ std::vector<std::string> on_ranks(int size,
   return errors;
 }
 
+// Every rank of a peer-to-peer test ran without an error and found no mismatch (a skip where the GPUs
+// cannot reach each other peer to peer).
+void expect_clean_ranks(const std::vector<std::string>& errors, bool no_peer_access,
+                        const std::vector<std::vector<std::string>>& mismatches) {
+  for (std::size_t r = 0; r < errors.size(); ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
+  if (no_peer_access) GTEST_SKIP() << "the GPUs cannot access each other peer to peer";
+  for (std::size_t r = 0; r < mismatches.size(); ++r)
+    EXPECT_TRUE(mismatches[r].empty()) << "rank " << r << ": " << mismatches[r].size()
+                                       << " mismatches, first: " << mismatches[r].front();
+}
+
 // Element counts through the slicing's edges: one element, partial 16-byte packs, a pack per block
 // and less, odd counts, Mixtral's decode batch 32 (4096 × 32), the largest message, and one past it
 // (NCCL's then).
@@ -407,13 +418,7 @@ TEST(CudaTensorParallel, P2pAllReduceEqualsNcclBitwise) {
       }
     }
   });
-  for (int r = 0; r < 2; ++r) EXPECT_EQ(errors[static_cast<std::size_t>(r)], "") << "rank " << r;
-  if (no_peer_access) GTEST_SKIP() << "the GPUs cannot access each other peer to peer";
-  for (int r = 0; r < 2; ++r) {
-    const auto& bad = mismatches[static_cast<std::size_t>(r)];
-    EXPECT_TRUE(bad.empty()) << "rank " << r << ": " << bad.size()
-                             << " mismatches, first: " << bad.front();
-  }
+  expect_clean_ranks(errors, no_peer_access, mismatches);
 }
 
 // Captured in a CUDA graph with the copies of their inputs (sums of F32 4096 × 32, BF16 4097 and
@@ -463,13 +468,7 @@ TEST(CudaTensorParallel, P2pAllReduceReplayedInCudaGraph) {
     }
     cuda_check(cudaGraphExecDestroy(exec));
   });
-  for (int r = 0; r < 2; ++r) EXPECT_EQ(errors[static_cast<std::size_t>(r)], "") << "rank " << r;
-  if (no_peer_access) GTEST_SKIP() << "the GPUs cannot access each other peer to peer";
-  for (int r = 0; r < 2; ++r) {
-    const auto& bad = mismatches[static_cast<std::size_t>(r)];
-    EXPECT_TRUE(bad.empty()) << "rank " << r << ": " << bad.size()
-                             << " mismatches, first: " << bad.front();
-  }
+  expect_clean_ranks(errors, no_peer_access, mismatches);
 }
 
 // The all-reduce between two kernels launched with programmatic dependent launch, as in a tp step
@@ -525,13 +524,7 @@ TEST(CudaTensorParallel, P2pAllReduceBetweenPdlKernels) {
     }
   });
   cuda::set_pdl(saved);
-  for (int r = 0; r < 2; ++r) EXPECT_EQ(errors[static_cast<std::size_t>(r)], "") << "rank " << r;
-  if (no_peer_access) GTEST_SKIP() << "the GPUs cannot access each other peer to peer";
-  for (int r = 0; r < 2; ++r) {
-    const auto& bad = mismatches[static_cast<std::size_t>(r)];
-    EXPECT_TRUE(bad.empty()) << "rank " << r << ": " << bad.size()
-                             << " mismatches, first: " << bad.front();
-  }
+  expect_clean_ranks(errors, no_peer_access, mismatches);
 }
 
 // A rank waiting in a peer-to-peer sum for a peer that never comes ends when the group aborts (as a
