@@ -318,6 +318,21 @@ std::vector<std::string> on_ranks(int size,
   return errors;
 }
 
+// body(rank, communicator, stream) on two ranks of `group` (peer-to-peer small messages), each on its
+// thread's compute stream; where the GPUs cannot reach each other, `no_peer_access` instead.
+std::vector<std::string> on_p2p_ranks(const std::shared_ptr<cuda::NcclGroup>& group, std::atomic<bool>& no_peer_access,
+                                      const std::function<void(int, cuda::NcclCommunicator&, cudaStream_t)>& body) {
+  return on_ranks(2, {group}, [&](int r) {
+    const cudaStream_t stream = cuda::compute_stream();
+    cuda::NcclCommunicator comm(group, r, stream);
+    if (!comm.peer_to_peer_enabled()) {
+      no_peer_access = true;
+      return;
+    }
+    body(r, comm, stream);
+  });
+}
+
 // Every rank of a peer-to-peer test ran without an error and found no mismatch (a skip where the GPUs
 // cannot reach each other peer to peer).
 void expect_clean_ranks(const std::vector<std::string>& errors, bool no_peer_access,
@@ -433,13 +448,8 @@ TEST(CudaTensorParallel, P2pAllReduceReplayedInCudaGraph) {
                                          {DType::kBF16, 4097, cuda::P2pOp::kSum},
                                          {DType::kF32, 1, cuda::P2pOp::kSum},
                                          {DType::kF32, 33, cuda::P2pOp::kMax}};
-  const auto errors = on_ranks(2, {group}, [&](int r) {
-    const cudaStream_t stream = cuda::compute_stream();
-    cuda::NcclCommunicator comm(group, r, stream);
-    if (!comm.peer_to_peer_enabled()) {
-      no_peer_access = true;
-      return;
-    }
+  const auto errors = on_p2p_ranks(group, no_peer_access, [&](int r, cuda::NcclCommunicator& comm,
+                                                               cudaStream_t stream) {
     std::vector<Tensor> inputs, xs;
     for (const Message& m : messages) {
       inputs.push_back(cuda::upload(Tensor::zeros(m.dtype, {m.n})));
@@ -484,13 +494,8 @@ TEST(CudaTensorParallel, P2pAllReduceBetweenPdlKernels) {
   std::atomic<bool> no_peer_access{false};
   std::vector<std::vector<std::string>> mismatches(2);
   const std::vector<int64_t> sizes = {1, 3, 5, 13, 33, 64, 100, 255, 256, 770, 4096};
-  const auto errors = on_ranks(2, {group}, [&](int r) {
-    const cudaStream_t stream = cuda::compute_stream();
-    cuda::NcclCommunicator comm(group, r, stream);
-    if (!comm.peer_to_peer_enabled()) {
-      no_peer_access = true;
-      return;
-    }
+  const auto errors = on_p2p_ranks(group, no_peer_access, [&](int r, cuda::NcclCommunicator& comm,
+                                                               cudaStream_t stream) {
     std::vector<Tensor> xs;
     std::vector<Message> queued;
     for (int call = 0; call < 1100; ++call) {
@@ -535,13 +540,8 @@ TEST(CudaTensorParallel, P2pSumWaitingForAFailedRankEndsOnAbort) {
   std::atomic<bool> no_peer_access{false};
   double waited_s = -1;
   std::string second_call;
-  const auto errors = on_ranks(2, {group}, [&](int r) {
-    const cudaStream_t stream = cuda::compute_stream();
-    cuda::NcclCommunicator comm(group, r, stream);
-    if (!comm.peer_to_peer_enabled()) {
-      no_peer_access = true;
-      return;
-    }
+  const auto errors = on_p2p_ranks(group, no_peer_access, [&](int r, cuda::NcclCommunicator& comm,
+                                                               cudaStream_t stream) {
     if (r == 1) {  // joins, never sums, fails 300 ms later
       std::this_thread::sleep_for(std::chrono::milliseconds(300));
       group->abort();
