@@ -97,7 +97,9 @@ __global__ void __launch_bounds__(kThreads, Stream<kTokenTiles>::kMinBlocks)
         for (int nt = 0; nt < kTokenTiles; ++nt)
 #pragma unroll
           for (int s = 0; s < 4; ++s)
-            x[d][nt][s] = nt * 8 < live ? __ldg(reinterpret_cast<const unsigned*>(asrc[nt] + kb * kGemmKBlock + s * 16))
+            // A plain load, not the non-coherent path: the activations come from the kernel before,
+            // which under programmatic dependent launch may still run while this one starts.
+            x[d][nt][s] = nt * 8 < live ? *reinterpret_cast<const uint32_t*>(asrc[nt] + kb * kGemmKBlock + s * 16)
                                         : 0u;
       };
 #pragma unroll
