@@ -159,6 +159,9 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
   const int tiles = static_cast<int>(p.n / 16);
   ptx::grid_dependency_wait();  // the routing and the activations come from the kernels before (launch.h)
   ptx::launch_dependents();
+  // The kernel before wrote the activations with generic stores; the bulk copies read them through
+  // the async proxy.
+  asm volatile("fence.proxy.async.global;\n" ::: "memory");
   Walk walk;
   walk.groups = (tiles + kWarps - 1) / kWarps;
   walk.splits = static_cast<int>(p.splits);
