@@ -126,7 +126,15 @@ __device__ inline void mma_bf16_16x8x16(float (&d)[4], const uint32_t (&a)[4], c
 // its memory is visible, before its first global access. A no-op when launched without the attribute.
 __device__ inline void grid_dependency_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
 // Lets the next kernel in the stream be scheduled now (it still waits in grid_dependency_wait for this
-// grid to complete); without it, that happens as this grid's blocks exit.
-__device__ inline void launch_dependents() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
+// grid to complete); without it, that happens as this grid's blocks exit. A build with
+// -DNIBBLE_PDL_EARLY_TRIGGER=OFF (an experiment) leaves it out everywhere.
+#ifndef NIBBLE_PDL_EARLY_TRIGGER
+#define NIBBLE_PDL_EARLY_TRIGGER 1
+#endif
+__device__ inline void launch_dependents() {
+#if NIBBLE_PDL_EARLY_TRIGGER
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
 
 }  // namespace nibble::cuda::ptx
