@@ -10,6 +10,7 @@
 #include "cuda/basic_ops.h"
 #include "cuda/cuda_check.h"
 #include "cuda/device.h"
+#include "cuda/launch.h"
 #include "cuda/sampling.h"
 
 namespace nibble::cuda {
@@ -135,6 +136,7 @@ void CudaOps::sample(const Tensor& logits, const Tensor& temperatures, const Ten
 }
 
 void CudaOps::linear(const Tensor& x, const Linear& w, Tensor& out, Communicator* row_group) {
+  const PlainLaunches plain(plain_site("linear"));
   cuda::linear(x, w, out, cublas_, linear_ws_, stream_, row_group);
 }
 
@@ -159,10 +161,12 @@ void CudaOps::rope(Tensor& qkv, const Tensor& positions, const AttentionParams& 
 
 void CudaOps::attention(const Tensor& qkv, KvCacheLayer& cache, KvCacheDType cache_dtype, const ForwardBatch& batch,
                         const AttentionParams& params, Tensor& out) {
+  const PlainLaunches plain(plain_site("attention"));
   cuda::attention(qkv, cache, cache_dtype, batch, params, out, stream_);
 }
 
 void CudaOps::moe(const Tensor& x, const MoeWeights& w, const MoeParams& params, Tensor& out) {
+  const PlainLaunches plain(plain_site("moe"));
   if (w.experts.format == WeightFormat::kBf16) return moe_bf16(x, w, params, moe_bf16_ws_, out, cublas_, stream_);
   const MoeWeightsW4A8 weights{.format = w.experts.format == WeightFormat::kFp8 ? ExpertWeightFormat::kFp8
                                                                                 : ExpertWeightFormat::kInt4,

@@ -12,6 +12,7 @@
 #include <cstddef>
 #include <cstdlib>
 #include <initializer_list>
+#include <string>
 #include <string_view>
 #include <utility>
 
@@ -23,6 +24,7 @@ namespace nibble::cuda {
 enum class Pdl { kOff, kOn };
 
 namespace detail {
+inline thread_local int plain_depth = 0;  // PlainLaunches alive on this thread
 inline std::atomic<Pdl>& pdl_setting() {
   static std::atomic<Pdl> setting{[] {  // the environment, read once
     const char* v = std::getenv("NIBBLE_PDL");
@@ -32,8 +34,33 @@ inline std::atomic<Pdl>& pdl_setting() {
 }
 }  // namespace detail
 
-// Whether launches carry the PDL attribute: on unless NIBBLE_PDL=0.
-inline Pdl pdl() { return detail::pdl_setting().load(std::memory_order_relaxed); }
+// Whether launches carry the PDL attribute: on unless NIBBLE_PDL=0 or a PlainLaunches lives on this
+// thread.
+inline Pdl pdl() {
+  return detail::plain_depth > 0 ? Pdl::kOff : detail::pdl_setting().load(std::memory_order_relaxed);
+}
+
+// While one that is `on` lives, this thread launches without the PDL attribute (plain stream order).
+class PlainLaunches {
+ public:
+  explicit PlainLaunches(bool on) : on_(on) { detail::plain_depth += on_ ? 1 : 0; }
+  ~PlainLaunches() { detail::plain_depth -= on_ ? 1 : 0; }
+  PlainLaunches(const PlainLaunches&) = delete;
+  PlainLaunches& operator=(const PlainLaunches&) = delete;
+
+ private:
+  bool on_;
+};
+
+// Whether NIBBLE_PDL_PLAIN (comma-separated: linear, attention, moe, allreduce) names `site`: its
+// kernels then launch without PDL. A bisecting tool for questions about PDL (read once).
+inline bool plain_site(std::string_view site) {
+  static const std::string list = [] {
+    const char* v = std::getenv("NIBBLE_PDL_PLAIN");
+    return "," + std::string(v != nullptr ? v : "") + ",";
+  }();
+  return list.find("," + std::string(site) + ",") != std::string::npos;
+}
 
 // Overrides NIBBLE_PDL for the launches that follow (tests run a chain both ways). A CUDA graph keeps
 // what its launches had when it was captured.

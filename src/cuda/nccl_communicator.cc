@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "cuda/cuda_check.h"
+#include "cuda/launch.h"
 
 namespace nibble::cuda {
 namespace {
@@ -142,6 +143,7 @@ void NcclCommunicator::all_reduce_max(Tensor& x) {
 }
 
 bool NcclCommunicator::reduce_peer_to_peer(Tensor& x, P2pOp op) {
+  const PlainLaunches plain(plain_site("allreduce"));
   // The same choice on every rank: the same dtypes and sizes.
   if (group_->size() == 1 || p2p_ == nullptr || !p2p_->fits(x, op)) return false;
   check(!group_->aborted(), "tensor parallel: another rank failed");

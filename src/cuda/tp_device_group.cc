@@ -36,7 +36,8 @@ std::unique_ptr<TensorParallelModel> make_cuda_tp_model(const ModelConfig& whole
   // not reproducible on 2×H200 (test_cuda_tp: graphs against eager steps, two generations of one
   // prompt, W4A8 only; 2026-11-30), and they were with NIBBLE_PDL=0. One GPU keeps it. Launching the
   // peer-to-peer all-reduce outside PDL did not cure it (the same tests failed 3 runs of 3), so the
-  // cause is elsewhere. NIBBLE_TP_PDL=1 keeps it on here too (to test a fix).
+  // cause is elsewhere. NIBBLE_TP_PDL=1 keeps it on here too (to test a fix; NIBBLE_PDL_PLAIN and
+  // -DNIBBLE_PDL_EARLY_TRIGGER=OFF narrow it down, launch.h and ptx.cuh).
   if (tp_size > 1 && !tp_pdl_requested()) set_pdl(Pdl::kOff);
   check(rank0_ops.device() == Device::kCuda,
         "tensor parallel on CUDA: rank 0's backend is not CUDA");
