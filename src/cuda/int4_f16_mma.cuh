@@ -1,5 +1,5 @@
 // The f16 tensor-core forms of INT4 × FP8 products (mma.sync m16n8k16, fp32 sums), shared by the
-// decode MoE GEMM's mma.sync paths (moe_gemm_w4a8.cu, moe_gemm_w4a8_stream.cu).
+// decode MoE GEMM's mma.sync path (moe_gemm_w4a8.cu).
 // Weights: in the repacked layout (moe_gemm_w4a8.h) lane (g, q)'s 32-bit word of a 16-wide K step
 // holds K 4q + i in byte i, row g in the low nibble and row g + 8 in the high one, each nibble
 // u = v + 8. Masked in place, a nibble is the f16 subnormal u · 2^-24 (low) or u · 2^-20 (high),

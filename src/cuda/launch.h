@@ -52,14 +52,20 @@ class PlainLaunches {
   bool on_;
 };
 
-// Whether NIBBLE_PDL_PLAIN (comma-separated: linear, attention, moe, allreduce) names `site`: its
+// Whether NIBBLE_PDL_PLAIN (comma-separated: linear, attention, moe, allreduce; finer: moe-route,
+// moe-quantize, moe-gemm, moe-activation, moe-combine, allreduce-sum, allreduce-max) names `site`: its
 // kernels then launch without PDL. A bisecting tool for questions about PDL (read once).
 inline bool plain_site(std::string_view site) {
   static const std::string list = [] {
     const char* v = std::getenv("NIBBLE_PDL_PLAIN");
-    return "," + std::string(v != nullptr ? v : "") + ",";
+    std::string names(",");
+    names.append(v != nullptr ? v : "").push_back(',');
+    return names;
   }();
-  return list.find("," + std::string(site) + ",") != std::string::npos;
+  const std::string_view names(list);  // ",a,b,": a name sits between two commas
+  for (std::size_t at = names.find(site); at != std::string_view::npos; at = names.find(site, at + 1))
+    if (at > 0 && names[at - 1] == ',' && names[at + site.size()] == ',') return true;
+  return false;
 }
 
 // Overrides NIBBLE_PDL for the launches that follow (tests run a chain both ways). A CUDA graph keeps

@@ -23,7 +23,6 @@
 #include "cuda/int4_f16_mma.cuh"
 #include "cuda/launch.h"
 #include "cuda/moe_gemm_w4a8.h"
-#include "cuda/moe_gemm_w4a8_stream.h"
 #include "cuda/ptx.cuh"
 #include "cuda/wgmma.cuh"
 
@@ -529,32 +528,21 @@ int consumer_groups(int64_t n, int token_tiles) {
   return token_tiles == 2 && n >= kTwoGroupsMinN ? 2 : 1;
 }
 
-// NIBBLE_MOE_MATH: "mma", "wgmma" or "stream" (measurements: bench/RESULTS.md).
+// NIBBLE_MOE_MATH: "mma" or "wgmma" (measurements: bench/RESULTS.md).
 GemmMath gemm_math() {
   static const GemmMath math = [] {
     const char* v = std::getenv("NIBBLE_MOE_MATH");
     const std::string name = v != nullptr ? v : "";
-    check(name.empty() || name == "mma" || name == "wgmma" || name == "stream",
-          "NIBBLE_MOE_MATH must be mma, wgmma or stream, not ", name);
-    return name == "mma"      ? GemmMath::kMmaSync
-           : name == "wgmma"  ? GemmMath::kWgmma
-           : name == "stream" ? GemmMath::kStream
-                              : GemmMath::kDefault;
+    check(name.empty() || name == "mma" || name == "wgmma", "NIBBLE_MOE_MATH must be mma or wgmma, not ", name);
+    return name == "mma" ? GemmMath::kMmaSync : name == "wgmma" ? GemmMath::kWgmma : GemmMath::kDefault;
   }();
   return math;
-}
-
-// Whether the streaming kernel takes INT4 tiles of `token_tiles` 8-row tiles.
-bool streams(GemmMath requested, int token_tiles) {
-  const GemmMath math = requested != GemmMath::kDefault ? requested : gemm_math();
-  return math == GemmMath::kStream && token_tiles <= 2;
 }
 
 template <int kTokenTiles>
 void launch_tiles(const GemmW4A8Args& p, cudaStream_t stream) {
   if (p.weight_format == ExpertWeightFormat::kFp8) return launch<kTokenTiles, true, 1>(p, stream);
   if constexpr (kTokenTiles <= 2) {
-    if (streams(p.math, kTokenTiles)) return launch_moe_gemm_stream(p, kTokenTiles, stream);
     const GemmMath math = p.math != GemmMath::kDefault ? p.math : gemm_math();
     if (math == GemmMath::kMmaSync || (math == GemmMath::kDefault && kTokenTiles <= kMmaMaxTokenTiles))
       return launch<kTokenTiles, false, 1, true>(p, stream);
@@ -569,21 +557,6 @@ void launch_tiles(const GemmW4A8Args& p, cudaStream_t stream) {
 int64_t choose_k_splits(int64_t n, int64_t k, int64_t expert_slots, int64_t rows, int num_sms) {
   const int64_t kblocks = k / kGemmKBlock;
   const int token_tiles = token_tiles_for(rows, expert_slots);
-  if (streams(GemmMath::kDefault, token_tiles)) {
-    // A warp's units, in waves of as many as the GPU runs warps: the split with the shortest
-    // makespan (waves × K blocks a unit), fewer splits unless more save 3% (each split's sums are
-    // written and read once more).
-    const int64_t pairs = expert_slots * ((n / 16 + 3) / 4);  // (expert, 64 channels)
-    const int64_t warps = int64_t{num_sms} * stream_warps_per_sm(token_tiles);
-    int64_t best = 1, best_time = ((pairs + warps - 1) / warps) * kblocks;
-    for (int64_t s = 2; s <= std::max<int64_t>(1, kblocks / kBlocksPerStage); ++s) {
-      const int64_t per_split = (kblocks + s - 1) / s;
-      if ((kblocks + per_split - 1) / per_split != s) continue;  // no empty split
-      const int64_t time = ((pairs * s + warps - 1) / warps) * per_split;
-      if (time * 100 < best_time * 97) best = s, best_time = time;
-    }
-    return best;
-  }
   const int64_t warps = 4 * consumer_groups(n, token_tiles);
   const int64_t pairs = expert_slots * ((n / 16 + warps - 1) / warps);  // (expert, a block's channels)
   static const int units_per_sm = env_or("NIBBLE_MOE_UNITS_PER_SM", kUnitsPerSm);

@@ -31,11 +31,10 @@ enum class ExpertWeightFormat : uint8_t { kInt4, kFp8 };
 // kWgmma: one warpgroup's wgmma m64nNk32 e4m3 a 64-channel tile (the weights' nibbles as FP8 bytes).
 // kMmaSync: each warp mma.sync m16n8k16 f16 over all 64 channels of one K block of the stage (the
 // nibbles as f16 subnormals, the FP8 activations converted to f16, both exact; the four warps' partial
-// sums added in shared memory at the end of a unit). kStream: the same math with no shared memory, each
-// warp streaming its units' weights and activations into registers (moe_gemm_w4a8_stream.h).
-// kDefault: NIBBLE_MOE_MATH (wgmma, mma or stream), else mma.sync for tiles of 8 rows and wgmma for 16
+// sums added in shared memory at the end of a unit).
+// kDefault: NIBBLE_MOE_MATH (wgmma or mma), else mma.sync for tiles of 8 rows and wgmma for 16
 // (moe_gemm_w4a8.cu: measured).
-enum class GemmMath : uint8_t { kDefault, kWgmma, kMmaSync, kStream };
+enum class GemmMath : uint8_t { kDefault, kWgmma, kMmaSync };
 
 // codes: I32 (E, N, K/8) in the on-disk reorder packing (quant/int4.h), on the CPU.
 // Returns U8 (E, N·K/2) in the kernel's layout, on the CPU. N % 16 == 0 and K % 64 == 0.

@@ -143,7 +143,8 @@ void NcclCommunicator::all_reduce_max(Tensor& x) {
 }
 
 bool NcclCommunicator::reduce_peer_to_peer(Tensor& x, P2pOp op) {
-  const PlainLaunches plain(plain_site("allreduce"));
+  const PlainLaunches plain(plain_site("allreduce") ||
+                            plain_site(op == P2pOp::kSum ? "allreduce-sum" : "allreduce-max"));
   // The same choice on every rank: the same dtypes and sizes.
   if (group_->size() == 1 || p2p_ == nullptr || !p2p_->fits(x, op)) return false;
   check(!group_->aborted(), "tensor parallel: another rank failed");

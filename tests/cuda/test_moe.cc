@@ -127,8 +127,8 @@ TEST_P(MoeGemm, MatchesItsDefinition) {
         ref[r * N + n] = static_cast<float>(acc * scales.data<float>()[t] * w.scale.data<float>()[e * N + n]);
       }
     }
-  // Blocks of one and of two consumer warpgroups (wgmma), mma.sync and mma.sync streaming (tiles of up
-  // to 16 rows; wgmma beyond); the splits summed.
+  // Blocks of one and of two consumer warpgroups (wgmma) and mma.sync (tiles of up to 16 rows; wgmma
+  // beyond); the splits summed.
   struct Variant {
     int groups;
     cuda::GemmMath math;
@@ -136,8 +136,7 @@ TEST_P(MoeGemm, MatchesItsDefinition) {
   };
   for (const auto [groups, math, name] : {Variant{1, cuda::GemmMath::kWgmma, "wgmma, 1 consumer warpgroup"},
                                           Variant{2, cuda::GemmMath::kWgmma, "wgmma, 2 consumer warpgroups"},
-                                          Variant{1, cuda::GemmMath::kMmaSync, "mma.sync"},
-                                          Variant{1, cuda::GemmMath::kStream, "mma.sync streaming"}}) {
+                                          Variant{1, cuda::GemmMath::kMmaSync, "mma.sync"}}) {
     Tensor d_out = poisoned(DType::kF32, {splits, rows, N});
     cuda::moe_gemm_w4a8({.weights = d_weights.raw(), .weight_scale = d_scale.data<float>(),
                          .act = d_codes.data<uint8_t>(), .act_scale = d_scales.data<float>(),
