@@ -120,11 +120,19 @@ __global__ void topk_kernel(const __grid_constant__ RouteArgs p) {
 
 constexpr int kGroupThreads = 1024;
 
-// One block (any size): counts, offsets and the active list, then each pair's sorted position.
-// counts, cursor: shared memory of kMaxExperts ints each.
-__device__ void group_pairs(const GroupArgs& p, int* counts, int* cursor) {
+// One block (a multiple of 32 threads): counts, offsets and the active list, then each pair's sorted
+// position. Rows keep the pairs' order within an expert (a stable sort), so one routing always gives
+// the same rows: the ranks of a tensor-parallel group, each grouping alone, agree row by row, as the
+// cross-rank amax of the activation quantization (indexed by row, moe_quantize.h) needs. Pairs go in
+// chunks of a thread each: a pair's row is its expert's cursor, plus the same expert's pairs in the
+// warps before (warp_counts), plus those in its own warp's lanes before (a match).
+// counts, cursor: kMaxExperts ints of shared memory each; warp_counts: (warps, kMaxExperts) bytes.
+__device__ void group_pairs(const GroupArgs& p, int* counts, int* cursor, uint8_t* warp_counts) {
   const int64_t pairs = p.tokens * p.top_k;
+  const int warp = static_cast<int>(threadIdx.x / 32), warps = static_cast<int>(blockDim.x / 32);
+  const unsigned lanes_before = (1u << (threadIdx.x % 32)) - 1u;
   for (int e = threadIdx.x; e < p.experts; e += blockDim.x) counts[e] = 0;
+  for (int j = threadIdx.x; j < warps * kMaxExperts; j += blockDim.x) warp_counts[j] = 0;
   __syncthreads();
   for (int64_t i = threadIdx.x; i < pairs; i += blockDim.x) atomicAdd(&counts[p.topk_ids[i]], 1);
   __syncthreads();
@@ -140,20 +148,35 @@ __device__ void group_pairs(const GroupArgs& p, int* counts, int* cursor) {
     p.active_experts[p.experts] = active;
   }
   __syncthreads();
-  // The order of rows within an expert varies between runs; no result depends on it.
-  for (int64_t i = threadIdx.x; i < pairs; i += blockDim.x) {
-    const int pos = atomicAdd(&cursor[p.topk_ids[i]], 1);
-    p.sorted_tokens[pos] = static_cast<int32_t>(i / p.top_k);
-    p.row_pos[i] = pos;
+  for (int64_t base = 0; base < pairs; base += blockDim.x) {
+    const int64_t i = base + threadIdx.x;
+    const int e = i < pairs ? p.topk_ids[i] : -1;
+    const unsigned same = __match_any_sync(0xFFFFFFFFu, e);
+    const bool leader = (same & lanes_before) == 0;  // the lowest lane of its expert in this warp
+    if (e >= 0 && leader) warp_counts[warp * kMaxExperts + e] = static_cast<uint8_t>(__popc(same));
+    __syncthreads();
+    if (e >= 0) {
+      int pos = cursor[e] + __popc(same & lanes_before);
+      for (int w = 0; w < warp; ++w) pos += warp_counts[w * kMaxExperts + e];
+      p.sorted_tokens[pos] = static_cast<int32_t>(i / p.top_k);
+      p.row_pos[i] = pos;
+    }
+    __syncthreads();  // every cursor and count of this chunk read
+    if (e >= 0 && leader) {
+      atomicAdd(&cursor[e], __popc(same));
+      warp_counts[warp * kMaxExperts + e] = 0;
+    }
+    __syncthreads();
   }
 }
 
 __global__ void __launch_bounds__(kGroupThreads) group_kernel(const __grid_constant__ GroupArgs p) {
   __shared__ int counts[kMaxExperts];
   __shared__ int cursor[kMaxExperts];
+  __shared__ uint8_t warp_counts[kGroupThreads / 32 * kMaxExperts];
   ptx::grid_dependency_wait();
   ptx::launch_dependents();
-  group_pairs(p, counts, cursor);
+  group_pairs(p, counts, cursor, warp_counts);
 }
 
 // Routing and grouping of a few tokens in one launch, on one cluster of kRouteCluster blocks. The
@@ -177,6 +200,7 @@ __global__ void __launch_bounds__(kRouteThreads) route_group_kernel(const __grid
   __shared__ float partial[kMaxBlockPartials];  // lane partials [q·per, (q + 1)·per) of (T, E, 32)
   __shared__ int counts[kMaxExperts];
   __shared__ int cursor[kMaxExperts];
+  __shared__ uint8_t warp_counts[kRouteThreads / 32 * kMaxExperts];
   ptx::grid_dependency_wait();
   ptx::launch_dependents();
   const RouteArgs& p = a.route;
@@ -202,7 +226,7 @@ __global__ void __launch_bounds__(kRouteThreads) route_group_kernel(const __grid
   if (q != 0) return;
   for (int64_t t = warp; t < p.tokens; t += warps) topk_token(p, t, lane);
   __syncthreads();  // the top-k ids written (global memory, read back by this block)
-  group_pairs(a.group, counts, cursor);
+  group_pairs(a.group, counts, cursor, warp_counts);
 }
 
 }  // namespace

@@ -35,7 +35,7 @@ struct GroupArgs {
   int32_t* expert_offsets;   // (E + 1)
   int32_t* active_experts;   // (E + 1): active ids in increasing order, their count at [E]
   int32_t* sorted_tokens;    // (T·K): token of each sorted row
-  int32_t* row_pos;          // (T·K): sorted row of pair t·K + k
+  int32_t* row_pos;          // (T·K): sorted row of pair t·K + k: pairs keep their order within an expert
   int64_t tokens;
   int64_t experts;
   int64_t top_k;
@@ -44,8 +44,7 @@ struct GroupArgs {
 void group_by_expert(const GroupArgs& args, cudaStream_t stream);
 
 // route_topk then group_by_expert (group.topk_ids = route.topk_ids); for few tokens (tokens × experts
-// <= 32) in one launch with the same logits, top-k and weights bit for bit (the order of rows
-// within an expert may differ, as it may between any two runs).
+// <= 32) in one launch with the same logits, top-k, weights and rows bit for bit.
 void route_and_group(const RouteArgs& route, const GroupArgs& group, cudaStream_t stream);
 
 }  // namespace nibble::cuda
