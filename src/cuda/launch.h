@@ -52,9 +52,8 @@ class PlainLaunches {
   bool on_;
 };
 
-// Whether NIBBLE_PDL_PLAIN (comma-separated: linear, attention, moe, allreduce; finer: moe-route,
-// moe-quantize, moe-gemm, moe-activation, moe-combine, allreduce-sum, allreduce-max) names `site`: its
-// kernels then launch without PDL. A bisecting tool for questions about PDL (read once).
+// Whether NIBBLE_PDL_PLAIN (comma-separated: linear, attention, moe, allreduce, allreduce-sum,
+// allreduce-max) names `site`: its kernels then launch without PDL. A bisecting tool for questions about PDL (read once).
 inline bool plain_site(std::string_view site) {
   static const std::string list = [] {
     const char* v = std::getenv("NIBBLE_PDL_PLAIN");

@@ -2,11 +2,9 @@
 #include "cuda/moe.h"
 
 #include <algorithm>
-#include <optional>
 
 #include "cuda/cuda_check.h"
 #include "cuda/device.h"
-#include "cuda/launch.h"
 #include "cuda/moe_combine.h"
 #include "cuda/moe_gemm_w4a8.h"
 #include "cuda/moe_prefill.h"
@@ -108,8 +106,6 @@ void moe_w4a8(const Tensor& x, const MoeWeightsW4A8& w, const MoeParams& params,
   if (T == 0) return;
   const int64_t rows = T * K, slots = std::min(E, rows);
 
-  // NIBBLE_PDL_PLAIN's finer sites (launch.h): moe-route, moe-quantize, moe-gemm, moe-activation, moe-combine.
-  std::optional<PlainLaunches> plain(std::in_place, plain_site("moe-route"));
   route_and_group({.x = x.raw(), .router = w.router.raw(), .logits = ws.router_logits.data<float>(),
                    .topk_ids = ws.topk_ids.data<int32_t>(), .topk_weights = ws.topk_weights.data<float>(),
                    .tokens = T, .hidden = H, .experts = E, .top_k = K, .norm = params.router_norm,
@@ -123,12 +119,10 @@ void moe_w4a8(const Tensor& x, const MoeWeightsW4A8& w, const MoeParams& params,
     if (!ws.prefill) ws.prefill = std::make_unique<MoePrefillWorkspace>(E, H, I, ws.max_tokens, K, ws.prefill_options);
     return moe_prefill(x, w, params, ws, out, stream);
   }
-  plain.emplace(plain_site("moe-quantize"));
   quantize_rows_fp8({.x = x.raw(), .codes = ws.x_fp8.data<uint8_t>(), .scale = ws.x_scale.data<float>(),
                      .sums = ws.x_sums.data<float>(), .rows = T, .cols = H},
                     stream);
   const int64_t gate_up_splits = choose_k_splits(2 * I, H, slots, rows, ws.num_sms);
-  plain.emplace(plain_site("moe-gemm"));
   moe_gemm_w4a8({.weight_format = w.format, .weights = w.gate_up.raw(), .weight_scale = w.gate_up_scale.data<float>(),
                  .act = ws.x_fp8.data<uint8_t>(), .act_scale = ws.x_scale.data<float>(),
                  .act_sums = ws.x_sums.data<float>(), .act_row = ws.sorted_tokens.data<int32_t>(),
@@ -137,14 +131,12 @@ void moe_w4a8(const Tensor& x, const MoeWeightsW4A8& w, const MoeParams& params,
                  .max_rows = rows, .num_experts = E, .n = 2 * I, .k = H, .expert_slots = slots,
                  .splits = gate_up_splits},
                 stream);
-  plain.emplace(plain_site("moe-activation"));
   activation_quantize_fp8({.gate_up = ws.gate_up_out.data<float>(), .splits = gate_up_splits, .max_rows = rows,
                            .codes = ws.act_fp8.data<uint8_t>(), .scale = ws.act_scale.data<float>(),
                            .sums = ws.act_sums.data<float>(), .rows = rows, .intermediate = I,
                            .activation = params.activation},
                           params.communicator, ws.act_amax, stream);
   const int64_t down_splits = choose_k_splits(H, I, slots, rows, ws.num_sms);
-  plain.emplace(plain_site("moe-gemm"));
   moe_gemm_w4a8({.weight_format = w.format, .weights = w.down.raw(), .weight_scale = w.down_scale.data<float>(),
                  .act = ws.act_fp8.data<uint8_t>(), .act_scale = ws.act_scale.data<float>(),
                  .act_sums = ws.act_sums.data<float>(), .act_row = nullptr,
@@ -152,7 +144,6 @@ void moe_w4a8(const Tensor& x, const MoeWeightsW4A8& w, const MoeParams& params,
                  .active_experts = ws.active_experts.data<int32_t>(), .out = ws.down_out.data<float>(),
                  .max_rows = rows, .num_experts = E, .n = H, .k = I, .expert_slots = slots, .splits = down_splits},
                 stream);
-  plain.emplace(plain_site("moe-combine"));
   moe_combine({.down = ws.down_out.data<float>(), .row_pos = ws.row_pos.data<int32_t>(),
                .topk_weights = ws.topk_weights.data<float>(), .out = out.raw(), .out_dtype = out.dtype(),
                .tokens = T, .top_k = K, .hidden = H, .splits = down_splits, .max_rows = rows},

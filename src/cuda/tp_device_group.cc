@@ -2,25 +2,12 @@
 // thread.
 #include "cuda/tp_device_group.h"
 
-#include <cstdlib>
-#include <string_view>
-
 #include "cuda/cuda_check.h"
 #include "cuda/cuda_ops.h"
 #include "cuda/device.h"
-#include "cuda/launch.h"
 #include "cuda/nccl_communicator.h"
 
 namespace nibble::cuda {
-namespace {
-
-// NIBBLE_TP_PDL=1: programmatic dependent launch stays on under tensor parallelism.
-bool tp_pdl_requested() {
-  const char* v = std::getenv("NIBBLE_TP_PDL");
-  return v != nullptr && std::string_view(v) == "1";
-}
-
-}  // namespace
 
 void check_gpu_count(int tp_size) {
   const int visible = device_count();
@@ -32,13 +19,6 @@ std::unique_ptr<TensorParallelModel> make_cuda_tp_model(const ModelConfig& whole
                                                         Ops& rank0_ops,
                                                         const RankWeights& weights) {
   check_gpu_count(tp_size);
-  // Programmatic dependent launch stays off while ranks run: with it on, tensor-parallel steps were
-  // not reproducible on 2×H200 (test_cuda_tp: graphs against eager steps, two generations of one
-  // prompt, W4A8 only; 2026-11-30), and they were with NIBBLE_PDL=0. One GPU keeps it. Launching the
-  // peer-to-peer all-reduce outside PDL did not cure it (the same tests failed 3 runs of 3), so the
-  // cause is elsewhere. NIBBLE_TP_PDL=1 keeps it on here too (to test a fix; NIBBLE_PDL_PLAIN and
-  // -DNIBBLE_PDL_EARLY_TRIGGER=OFF narrow it down, launch.h and ptx.cuh).
-  if (tp_size > 1 && !tp_pdl_requested()) set_pdl(Pdl::kOff);
   check(rank0_ops.device() == Device::kCuda,
         "tensor parallel on CUDA: rank 0's backend is not CUDA");
   int device = -1;
