@@ -30,8 +30,11 @@ def main():
     parser.add_argument("--top", type=int, default=40)
     args = parser.parse_args()
     text = open(args.csv, encoding="utf-8", errors="replace").read()
-    start = text.find('"')  # ncu prints a few "==PROF==" lines before the table
-    rows = list(csv.DictReader(io.StringIO(text[start:] if start >= 0 else text)))
+    # ncu prints a few "==PROF==" lines and a "Kernel Name" row before the table's header.
+    start = text.find('"Address"')
+    if start < 0:
+        start = max(text.find('"'), 0)
+    rows = list(csv.DictReader(io.StringIO(text[start:])))
     if not rows:
         print("no rows in", args.csv)
         return 1

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cfloat>
+#include <cstdlib>
 #include <type_traits>
 
 #include "cuda/attention_mma.cuh"
@@ -40,6 +41,7 @@ struct DecodeArgs {
   bf16* out;                   // (S, Hq·D)
   int64_t width, max_blocks, block_size;
   int heads, kv_heads, group, splits;
+  int chunk_align;  // a slice's keys are a multiple of this (kWarps · kWarpKeys: every warp the same tiles)
   float q_scale, logit_softcap, v_scale;
 };
 
@@ -60,7 +62,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
   const int sp = blockIdx.x, kh = blockIdx.y, s = blockIdx.z;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4, G = a.group;
   const int len = a.seq_lens[s];
-  const int chunk = (len + a.splits - 1) / a.splits;
+  const int chunk = ((len + a.splits - 1) / a.splits + a.chunk_align - 1) / a.chunk_align * a.chunk_align;
   const int begin = sp * chunk, end = min(len, begin + chunk);
   const int64_t kv_width = int64_t{a.kv_heads} * kHeadDim;
   const auto* k_base = static_cast<const uint8_t*>(a.k_cache) + int64_t{kh} * kHeadDim * kElemBytes;
@@ -228,6 +230,20 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
   }
 }
 
+// Keys a slice holds a multiple of: a block's four warps take 32-key tiles in turn, so a slice of
+// 4·32·n keys gives each warp n tiles, where a slice of 142 keys (Mixtral, batch 32, 1280 keys in 9
+// slices) left warp 0 two tiles and the others one. NIBBLE_DECODE_CHUNK_KEYS (a multiple of 32)
+// overrides it (tuning).
+int chunk_align() {
+  static const int align = [] {
+    const char* v = std::getenv("NIBBLE_DECODE_CHUNK_KEYS");
+    const int keys = v != nullptr && *v != '\0' ? std::atoi(v) : kWarps * kWarpKeys;
+    check(keys >= kWarpKeys && keys % kWarpKeys == 0, "NIBBLE_DECODE_CHUNK_KEYS must be a multiple of ", kWarpKeys);
+    return keys;
+  }();
+  return align;
+}
+
 // One block per (sequence, query head): merges the slices.
 __global__ void __launch_bounds__(kHeadDim) merge_kernel(const __grid_constant__ DecodeArgs a) {
   const int s = blockIdx.x, h = blockIdx.y, d = threadIdx.x;
@@ -278,6 +294,7 @@ void attention_decode(const Tensor& qkv, const KvCacheLayer& cache, KvCacheDType
                      .width = qkv.dim(1), .max_blocks = batch.block_tables.dim(1), .block_size = cache.k.dim(1),
                      .heads = static_cast<int>(Hq), .kv_heads = static_cast<int>(params.num_kv_heads),
                      .group = static_cast<int>(Hq / params.num_kv_heads), .splits = splits,
+                     .chunk_align = chunk_align(),
                      .q_scale = params.softmax_scale * (fp8 ? params.k_scale : 1.0f),
                      .logit_softcap = params.logit_softcap, .v_scale = fp8 ? params.v_scale : 1.0f};
   const dim3 grid(static_cast<unsigned>(splits), static_cast<unsigned>(params.num_kv_heads), static_cast<unsigned>(S));
