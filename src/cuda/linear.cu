@@ -1,9 +1,12 @@
-// BF16 linears through cuBLAS; FP8 linears through per-token quantization, cuBLASLt and a scaling pass.
+// BF16 linears through cuBLAS; FP8 linears through per-token quantization and cuBLASLt, which applies
+// the token and channel scales itself (outer-vector scaling) or leaves them to a scaling pass.
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
+#include <string_view>
 
 #include "cuda/cuda_check.h"
 #include "cuda/device.h"
@@ -57,6 +60,16 @@ __global__ void __launch_bounds__(kScaleThreads) scale_product_kernel(const __gr
   }
 }
 
+// Whether FP8 linears ask cuBLASLt for outer-vector scaling (NIBBLE_LT_OUTER_SCALES=0: the scaling
+// pass instead, for comparisons).
+bool outer_scales() {
+  static const bool on = [] {
+    const char* v = std::getenv("NIBBLE_LT_OUTER_SCALES");
+    return v == nullptr || std::string_view(v) != "0";
+  }();
+  return on;
+}
+
 // Grows `t` to at least `numel` elements, keeping the old buffer alive.
 void grow(Tensor& t, DType dtype, int64_t numel, std::vector<Tensor>& retired) {
   if (t.defined() && t.numel() >= numel) return;
@@ -89,7 +102,6 @@ void linear(const Tensor& x, const Linear& w, Tensor& out, cublasHandle_t handle
   check(ws.lt != nullptr, "CUDA FP8 linear: no cuBLASLt handle");
   grow(ws.x_fp8, DType::kF8E4M3, T * K, ws.retired);
   grow(ws.x_scale, DType::kF32, T, ws.retired);
-  grow(ws.product, DType::kF32, T * N, ws.retired);
   grow(ws.lt_scratch, DType::kU8, static_cast<int64_t>(kLtScratchBytes), ws.retired);
   QuantizeRowsArgs quantize{.x = x.raw(), .codes = ws.x_fp8.data<uint8_t>(), .scale = ws.x_scale.data<float>(),
                             .sums = nullptr, .rows = T, .cols = K, .static_scale = w.input_scale};
@@ -103,6 +115,16 @@ void linear(const Tensor& x, const Linear& w, Tensor& out, cublasHandle_t handle
     quantize.amax_in = ws.x_amax.data<float>();
   }
   quantize_rows_fp8(quantize, stream);
+  if (outer_scales()) {
+    auto& scaled = ws.scaled_plans[{N, T, K, out.dtype()}];
+    if (!scaled)
+      scaled = std::make_unique<LtFp8Gemm>(ws.lt, N, T, K, kLtScratchBytes, out.dtype(),
+                                           LtFp8Gemm::Scales::kOuterVectors);
+    if (scaled->usable() && scaled->run_scaled(w.weight.raw(), ws.x_fp8.raw(), out.raw(), w.scale.data<float>(),
+                                               ws.x_scale.data<float>(), ws.lt_scratch.raw(), stream))
+      return;
+  }
+  grow(ws.product, DType::kF32, T * N, ws.retired);
   auto& plan = ws.plans[{N, T, K}];
   if (!plan) plan = std::make_unique<LtFp8Gemm>(ws.lt, N, T, K, kLtScratchBytes, DType::kF32);
   plan->run(w.weight.raw(), ws.x_fp8.raw(), ws.product.raw(), 1.0f, ws.lt_scratch.raw(), stream);

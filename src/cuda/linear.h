@@ -27,8 +27,10 @@ struct LinearWorkspace {
   Tensor x_fp8;       // F8_E4M3 (T, K)
   Tensor x_scale;     // F32 (T)
   Tensor x_amax;      // F32 (T): rows' amax over ranks (a row-parallel linear under tensor parallelism)
-  Tensor product;     // F32 (T, N): the unscaled FP8 product
+  Tensor product;     // F32 (T, N): the unscaled FP8 product (where the GEMM cannot scale it)
   std::map<std::tuple<int64_t, int64_t, int64_t>, std::unique_ptr<LtFp8Gemm>> plans;  // (N, T, K)
+  // (N, T, K, out dtype): the GEMM with outer-vector scales, writing out itself
+  std::map<std::tuple<int64_t, int64_t, int64_t, DType>, std::unique_ptr<LtFp8Gemm>> scaled_plans;
   std::vector<Tensor> retired;
 };
 

@@ -19,8 +19,8 @@ void cublas_check(cublasStatus_t status, std::source_location where) {
 }
 
 LtFp8Gemm::LtFp8Gemm(cublasLtHandle_t handle, int64_t m, int64_t n, int64_t k,
-                     std::size_t workspace_bytes, DType out)
-    : handle_(handle), workspace_bytes_(workspace_bytes) {
+                     std::size_t workspace_bytes, DType out, Scales scales)
+    : handle_(handle), workspace_bytes_(workspace_bytes), scales_(scales) {
   check(k % 16 == 0 && m % 16 == 0, "FP8 GEMM ", m, "x", n, "x", k,
         ": m and k must be multiples of 16");
   cublas_check(cublasLtMatmulDescCreate(&desc_, CUBLAS_COMPUTE_32F, CUDA_R_32F));
@@ -30,6 +30,11 @@ LtFp8Gemm::LtFp8Gemm(cublasLtHandle_t handle, int64_t m, int64_t n, int64_t k,
                                               sizeof(transpose)));
   cublas_check(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_TRANSB, &no_transpose,
                                               sizeof(no_transpose)));
+  if (scales_ == Scales::kOuterVectors) {
+    const cublasLtMatmulMatrixScale_t mode = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
+    cublas_check(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode, sizeof(mode)));
+    cublas_check(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode, sizeof(mode)));
+  }
   const auto um = static_cast<uint64_t>(m);
   const auto un = static_cast<uint64_t>(n);
   const auto uk = static_cast<uint64_t>(k);
@@ -49,6 +54,7 @@ LtFp8Gemm::LtFp8Gemm(cublasLtHandle_t handle, int64_t m, int64_t n, int64_t k,
       cublasLtMatmulAlgoGetHeuristic(handle_, desc_, a_layout_, b_layout_, d_layout_, d_layout_,
                                      preference, kCandidates, results.data(), &found);
   cublasLtMatmulPreferenceDestroy(preference);
+  if (scales_ == Scales::kOuterVectors && (status != CUBLAS_STATUS_SUCCESS || found == 0)) return;  // not usable
   cublas_check(status);
   check(found > 0, "cuBLASLt has no FP8 algorithm for ", m, "x", n, "x", k);
   for (int i = 0; i < found; ++i) algos_.push_back(results[i].algo);
@@ -59,6 +65,23 @@ LtFp8Gemm::~LtFp8Gemm() {
   if (b_layout_ != nullptr) cublasLtMatrixLayoutDestroy(b_layout_);
   if (a_layout_ != nullptr) cublasLtMatrixLayoutDestroy(a_layout_);
   if (desc_ != nullptr) cublasLtMatmulDescDestroy(desc_);
+}
+
+bool LtFp8Gemm::run_scaled(const void* a, const void* b, void* d, const float* a_scale, const float* b_scale,
+                           void* workspace, cudaStream_t stream) {
+  check(scales_ == Scales::kOuterVectors, "LtFp8Gemm::run_scaled: planned without scale vectors");
+  cublas_check(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &a_scale, sizeof(a_scale)));
+  cublas_check(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &b_scale, sizeof(b_scale)));
+  const float alpha = 1.0f, beta = 0.0f;
+  for (; current_ < algos_.size(); ++current_) {
+    const cublasStatus_t status =
+        cublasLtMatmul(handle_, desc_, &alpha, a, a_layout_, b, b_layout_, &beta, d, d_layout_, d, d_layout_,
+                       &algos_[current_], workspace, workspace_bytes_, stream);
+    if (status == CUBLAS_STATUS_NOT_SUPPORTED) continue;
+    cublas_check(status);
+    return true;
+  }
+  return false;
 }
 
 void LtFp8Gemm::run(const void* a, const void* b, void* d, float alpha, void* workspace,

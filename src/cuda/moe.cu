@@ -77,6 +77,8 @@ MoeWorkspace::MoeWorkspace(const MoeWeightsW4A8& w, int64_t tokens, int64_t k, P
   active_experts = empty(DType::kI32, {E + 1});
   sorted_tokens = empty(DType::kI32, {rows});
   row_pos = empty(DType::kI32, {rows});
+  route_done = empty(DType::kI32, {1});
+  cuda_check(cudaMemsetAsync(route_done.raw(), 0, sizeof(int32_t), compute_stream()));
   x_fp8 = empty(DType::kF8E4M3, {tokens, H});
   x_scale = empty(DType::kF32, {tokens});
   x_sums = empty(DType::kF32, {tokens, H / 64});
@@ -113,7 +115,8 @@ void moe_w4a8(const Tensor& x, const MoeWeightsW4A8& w, const MoeParams& params,
                   {.topk_ids = ws.topk_ids.data<int32_t>(), .expert_offsets = ws.expert_offsets.data<int32_t>(),
                    .active_experts = ws.active_experts.data<int32_t>(),
                    .sorted_tokens = ws.sorted_tokens.data<int32_t>(), .row_pos = ws.row_pos.data<int32_t>(),
-                   .tokens = T, .experts = E, .top_k = K},
+                   .tokens = T, .experts = E, .top_k = K,
+                   .blocks_done = reinterpret_cast<uint32_t*>(ws.route_done.data<int32_t>())},
                   stream);
   if (takes_prefill_path(path, T, K, E, stream)) {
     if (!ws.prefill) ws.prefill = std::make_unique<MoePrefillWorkspace>(E, H, I, ws.max_tokens, K, ws.prefill_options);

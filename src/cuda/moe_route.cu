@@ -134,7 +134,8 @@ __device__ void group_pairs(const GroupArgs& p, int* counts, int* cursor, uint8_
   for (int e = threadIdx.x; e < p.experts; e += blockDim.x) counts[e] = 0;
   for (int j = threadIdx.x; j < warps * kMaxExperts; j += blockDim.x) warp_counts[j] = 0;
   __syncthreads();
-  for (int64_t i = threadIdx.x; i < pairs; i += blockDim.x) atomicAdd(&counts[p.topk_ids[i]], 1);
+  // The ids are read through L2 (__ldcg): route_topk_group_kernel's last block reads other blocks' ids.
+  for (int64_t i = threadIdx.x; i < pairs; i += blockDim.x) atomicAdd(&counts[__ldcg(p.topk_ids + i)], 1);
   __syncthreads();
   if (threadIdx.x == 0) {
     int offset = 0, active = 0;
@@ -150,7 +151,7 @@ __device__ void group_pairs(const GroupArgs& p, int* counts, int* cursor, uint8_
   __syncthreads();
   for (int64_t base = 0; base < pairs; base += blockDim.x) {
     const int64_t i = base + threadIdx.x;
-    const int e = i < pairs ? p.topk_ids[i] : -1;
+    const int e = i < pairs ? __ldcg(p.topk_ids + i) : -1;
     const unsigned same = __match_any_sync(0xFFFFFFFFu, e);
     const bool leader = (same & lanes_before) == 0;  // the lowest lane of its expert in this warp
     if (e >= 0 && leader) warp_counts[warp * kMaxExperts + e] = static_cast<uint8_t>(__popc(same));
@@ -229,13 +230,49 @@ __global__ void __launch_bounds__(kRouteThreads) route_group_kernel(const __grid
   group_pairs(a.group, counts, cursor, warp_counts);
 }
 
+// Routing and grouping of up to kLogitWarps experts (Mixtral, Grok-1: 8) in one launch: block t takes
+// token t's logits (a warp an expert, as router_logits_kernel) and its top-k (warp 0, as topk_kernel);
+// the last block to finish, found by the blocks_done counter (which it resets for the next launch),
+// groups every pair (as group_kernel). Measured on an H200 (bench/RESULTS.md), the three kernels took
+// 5.6 + 4.4 + 2.8 µs for Mixtral's 32 tokens.
+constexpr int64_t kMaxCountedTokens = 1024;
+
+__global__ void __launch_bounds__(kLogitWarps * 32) route_topk_group_kernel(const __grid_constant__ RouteGroupArgs a) {
+  __shared__ int counts[kMaxExperts];
+  __shared__ int cursor[kMaxExperts];
+  __shared__ uint8_t warp_counts[kLogitWarps * kMaxExperts];
+  __shared__ bool last;
+  ptx::grid_dependency_wait();
+  ptx::launch_dependents();
+  const RouteArgs& p = a.route;
+  const int64_t t = blockIdx.x;
+  const int warp = static_cast<int>(threadIdx.x / 32), lane = static_cast<int>(threadIdx.x % 32);
+  if (warp < p.experts) {
+    const float sum =
+        butterfly_sum(lane_partial(row_units(p.x, t, p.hidden), row_units(p.router, warp, p.hidden), p.hidden / 8, lane));
+    if (lane == 0) p.logits[t * p.experts + warp] = sum;
+  }
+  __syncthreads();  // the token's logits written (global memory, read back by warp 0)
+  if (warp == 0) topk_token(p, t, lane);
+  __threadfence();  // this block's top-k visible to the grid before it counts itself done
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(a.group.blocks_done, 1u) == gridDim.x - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  if (threadIdx.x == 0) *a.group.blocks_done = 0;
+  group_pairs(a.group, counts, cursor, warp_counts);
+}
+
 }  // namespace
 
 void route_and_group(const RouteArgs& route, const GroupArgs& group, cudaStream_t stream) {
   check(route.tokens == group.tokens && route.experts == group.experts && route.top_k == group.top_k &&
             route.topk_ids == group.topk_ids,
         "route_and_group: the routing and grouping arguments disagree");
-  if (route.tokens * route.experts > kMaxFusedPairs || route.tokens == 0) {
+  const bool counted = group.blocks_done != nullptr && route.experts <= kLogitWarps &&
+                       route.tokens <= kMaxCountedTokens;
+  if (route.tokens == 0 || (route.tokens * route.experts > kMaxFusedPairs && !counted)) {
     route_topk(route, stream);
     return group_by_expert(group, stream);
   }
@@ -244,6 +281,9 @@ void route_and_group(const RouteArgs& route, const GroupArgs& group, cudaStream_
   check(route.top_k >= 1 && route.top_k <= kMaxTopK && route.top_k <= route.experts, "route_and_group: top_k ",
         route.top_k);
   check(route.hidden % 8 == 0, "route_and_group: hidden size ", route.hidden, " is not a multiple of 8");
+  if (route.tokens * route.experts > kMaxFusedPairs)
+    return launch_kernel(route_topk_group_kernel, static_cast<unsigned>(route.tokens), kLogitWarps * 32, 0, stream,
+                         RouteGroupArgs{.route = route, .group = group});
   launch_kernel_with({cluster_shape(kRouteCluster)}, route_group_kernel, kRouteCluster, kRouteThreads, 0, stream,
                      RouteGroupArgs{.route = route, .group = group});
 }

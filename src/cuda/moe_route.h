@@ -39,12 +39,16 @@ struct GroupArgs {
   int64_t tokens;
   int64_t experts;
   int64_t top_k;
+  // (1) zero between launches, or nullptr: lets route_and_group route and group up to 8 experts in one
+  // launch (the last block to finish groups, and resets it).
+  uint32_t* blocks_done = nullptr;
 };
 
 void group_by_expert(const GroupArgs& args, cudaStream_t stream);
 
-// route_topk then group_by_expert (group.topk_ids = route.topk_ids); for few tokens (tokens × experts
-// <= 32) in one launch with the same logits, top-k, weights and rows bit for bit.
+// route_topk then group_by_expert (group.topk_ids = route.topk_ids), with the same logits, top-k,
+// weights and rows bit for bit in one launch for few tokens (tokens × experts <= 32) and, given
+// group.blocks_done, for up to 8 experts and 1024 tokens.
 void route_and_group(const RouteArgs& route, const GroupArgs& group, cudaStream_t stream);
 
 }  // namespace nibble::cuda

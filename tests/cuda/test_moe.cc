@@ -433,12 +433,14 @@ TEST(MoeLayerBf16, MatchesCpuTwin) {
   EXPECT_LE(rounding, 1e-4);
 }
 
-// route_and_group (one cluster launch for few tokens, else three kernels) against route_topk +
+// route_and_group (one cluster launch for few tokens; one block a token, the last one grouping, for up
+// to 8 experts and 1024 tokens; else three kernels) against route_topk +
 // group_by_expert (the same logits, ids and weights bit for bit) and against the routing defined on
 // the host in double (soft-cap, softmax, top-k with ties to the lower id, optional renormalization);
 // the grouping checked against its definition (each expert's rows contiguous in id order, every pair
 // exactly once). Against the host, tokens whose k-th and (k+1)-th probabilities are within 1e-5 may
-// pick either. One launch: 4 tokens of 8 experts (the largest), 2 of 16 with a soft-cap, 1 of 8.
+// pick either. Cluster launch: 4 tokens of 8 experts (the largest), 2 of 16 with a soft-cap, 1 of 8;
+// block a token: 5, 32, 200 (soft-cap) and 1024 tokens of 8 experts.
 TEST(RouteAndGroup, MatchesHostRouting) {
   SKIP_WITHOUT_GPU();
   struct Case {
@@ -448,11 +450,13 @@ TEST(RouteAndGroup, MatchesHostRouting) {
   };
   for (const Case c : {Case{8, 4096, 1, 2}, Case{8, 4096, 4, 2}, Case{8, 4096, 5, 2}, Case{8, 4096, 32, 2},
                        Case{256, 7168, 1, 8}, Case{16, 1040, 2, 2, RouterNorm::kNone, 2.0f},
-                       Case{64, 1040, 13, 2, RouterNorm::kNone, 2.0f}, Case{256, 1040, 700, 8}}) {
+                       Case{64, 1040, 13, 2, RouterNorm::kNone, 2.0f}, Case{256, 1040, 700, 8},
+                       Case{8, 1040, 200, 2, RouterNorm::kNone, 30.0f}, Case{8, 1040, 1024, 2}}) {
     const int64_t E = c.E, H = c.H, T = c.T, K = c.K;
     const Tensor x = to_bf16(random_f32({T, H}, 31)), router = to_bf16(random_f32({E, H}, 32, 0.05f));
     const Tensor xf = to_f32(x), rf = to_f32(router);
     const Tensor d_x = cuda::upload(x), d_router = cuda::upload(router);
+    Tensor done = cuda::upload(Tensor::zeros(DType::kI32, {1}));  // the one-launch path's counter
     auto route = [&](bool fused) {
       struct Out {
         Tensor logits, ids, weights, offsets, active, sorted, pos;
@@ -464,7 +468,8 @@ TEST(RouteAndGroup, MatchesHostRouting) {
                               .tokens = T, .hidden = H, .experts = E, .top_k = K, .norm = c.norm, .softcap = c.softcap};
       const cuda::GroupArgs g{.topk_ids = o.ids.data<int32_t>(), .expert_offsets = o.offsets.data<int32_t>(),
                               .active_experts = o.active.data<int32_t>(), .sorted_tokens = o.sorted.data<int32_t>(),
-                              .row_pos = o.pos.data<int32_t>(), .tokens = T, .experts = E, .top_k = K};
+                              .row_pos = o.pos.data<int32_t>(), .tokens = T, .experts = E, .top_k = K,
+                              .blocks_done = reinterpret_cast<uint32_t*>(done.data<int32_t>())};
       if (fused) {
         cuda::route_and_group(r, g, nullptr);
       } else {
@@ -474,7 +479,12 @@ TEST(RouteAndGroup, MatchesHostRouting) {
       return Out{cuda::download(o.logits), cuda::download(o.ids), cuda::download(o.weights), cuda::download(o.offsets),
                  cuda::download(o.active), cuda::download(o.sorted), cuda::download(o.pos)};
     };
-    const auto got = route(true), plain = route(false);
+    // The one-launch paths twice (the counted one must have reset its counter), then the three kernels.
+    const auto got = route(true), again = route(true), plain = route(false);
+    for (int64_t i = 0; i < T * K; ++i) {
+      ASSERT_EQ(again.ids.data<int32_t>()[i], got.ids.data<int32_t>()[i]) << "pair " << i;
+      ASSERT_EQ(again.pos.data<int32_t>()[i], got.pos.data<int32_t>()[i]) << "pair " << i;
+    }
     int64_t ties = 0;
     for (int64_t t = 0; t < T; ++t) {
       std::vector<double> prob(E);
