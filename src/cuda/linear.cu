@@ -119,7 +119,8 @@ void linear(const Tensor& x, const Linear& w, Tensor& out, cublasHandle_t handle
     auto& scaled = ws.scaled_plans[{N, T, K, out.dtype()}];
     if (!scaled)
       scaled = std::make_unique<LtFp8Gemm>(ws.lt, N, T, K, kLtScratchBytes, out.dtype(),
-                                           LtFp8Gemm::Scales::kOuterVectors);
+                                           LtFp8Gemm::Scales::kOuterVectors, w.scale.data<float>(),
+                                           ws.x_scale.data<float>());
     if (scaled->usable() && scaled->run_scaled(w.weight.raw(), ws.x_fp8.raw(), out.raw(), w.scale.data<float>(),
                                                ws.x_scale.data<float>(), ws.lt_scratch.raw(), stream))
       return;

@@ -19,7 +19,8 @@ void cublas_check(cublasStatus_t status, std::source_location where) {
 }
 
 LtFp8Gemm::LtFp8Gemm(cublasLtHandle_t handle, int64_t m, int64_t n, int64_t k,
-                     std::size_t workspace_bytes, DType out, Scales scales)
+                     std::size_t workspace_bytes, DType out, Scales scales, const float* a_scale,
+                     const float* b_scale)
     : handle_(handle), workspace_bytes_(workspace_bytes), scales_(scales) {
   check(k % 16 == 0 && m % 16 == 0, "FP8 GEMM ", m, "x", n, "x", k,
         ": m and k must be multiples of 16");
@@ -34,6 +35,8 @@ LtFp8Gemm::LtFp8Gemm(cublasLtHandle_t handle, int64_t m, int64_t n, int64_t k,
     const cublasLtMatmulMatrixScale_t mode = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
     cublas_check(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode, sizeof(mode)));
     cublas_check(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode, sizeof(mode)));
+    check(a_scale != nullptr && b_scale != nullptr, "LtFp8Gemm: outer-vector scales need scale pointers to plan");
+    set_scale_pointers(a_scale, b_scale);
   }
   const auto um = static_cast<uint64_t>(m);
   const auto un = static_cast<uint64_t>(n);
@@ -67,11 +70,15 @@ LtFp8Gemm::~LtFp8Gemm() {
   if (desc_ != nullptr) cublasLtMatmulDescDestroy(desc_);
 }
 
+void LtFp8Gemm::set_scale_pointers(const float* a_scale, const float* b_scale) {
+  cublas_check(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &a_scale, sizeof(a_scale)));
+  cublas_check(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &b_scale, sizeof(b_scale)));
+}
+
 bool LtFp8Gemm::run_scaled(const void* a, const void* b, void* d, const float* a_scale, const float* b_scale,
                            void* workspace, cudaStream_t stream) {
   check(scales_ == Scales::kOuterVectors, "LtFp8Gemm::run_scaled: planned without scale vectors");
-  cublas_check(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &a_scale, sizeof(a_scale)));
-  cublas_check(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &b_scale, sizeof(b_scale)));
+  set_scale_pointers(a_scale, b_scale);
   const float alpha = 1.0f, beta = 0.0f;
   for (; current_ < algos_.size(); ++current_) {
     const cublasStatus_t status =

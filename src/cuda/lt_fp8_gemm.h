@@ -8,8 +8,9 @@
 // with CUDA 13.0 (2026-11-29). For the same reason run() moves on to the heuristic's next candidate
 // when one is refused (decided on the first call, which must not be inside a graph capture).
 // Scales::kOuterVectors plans the GEMM with cuBLASLt's outer-vector scaling, planned with the modes
-// set: D[i][j] = a_scale[i] · b_scale[j] · (A·B)[i][j] (a_scale: m weight rows, b_scale: n tokens), so
-// no scaling pass follows. Where cuBLASLt offers no such algorithm, usable() is false (then and after
+// and scale pointers set (the heuristic refuses the modes without pointers; run_scaled() sets each
+// call's): D[i][j] = a_scale[i] · b_scale[j] · (A·B)[i][j] (a_scale: m weight rows, b_scale: n
+// tokens), so no scaling pass follows. Where cuBLASLt offers no such algorithm, usable() is false (then and after
 // a run() that every candidate refused) and the caller scales the product itself.
 #pragma once
 
@@ -32,7 +33,8 @@ class LtFp8Gemm {
   enum class Scales { kAlpha, kOuterVectors };
 
   LtFp8Gemm(cublasLtHandle_t handle, int64_t m, int64_t n, int64_t k, std::size_t workspace_bytes,
-            DType out = DType::kBF16, Scales scales = Scales::kAlpha);
+            DType out = DType::kBF16, Scales scales = Scales::kAlpha, const float* a_scale = nullptr,
+            const float* b_scale = nullptr);
   ~LtFp8Gemm();
   LtFp8Gemm(const LtFp8Gemm&) = delete;
   LtFp8Gemm& operator=(const LtFp8Gemm&) = delete;
@@ -45,6 +47,8 @@ class LtFp8Gemm {
   bool usable() const { return current_ < algos_.size(); }
 
  private:
+  void set_scale_pointers(const float* a_scale, const float* b_scale);
+
   cublasLtHandle_t handle_;
   std::size_t workspace_bytes_;
   cublasLtMatmulDesc_t desc_ = nullptr;

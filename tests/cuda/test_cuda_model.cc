@@ -243,10 +243,12 @@ TEST(LtFp8Gemm, OuterVectorScalesMatchTheScaledProduct) {
   plain.run(d_a.raw(), d_b.raw(), product.raw(), 1.0f, scratch.raw(), cuda::compute_stream());
   const Tensor p = cuda::download(product);
   for (const DType out : {DType::kBF16, DType::kF32}) {
-    cuda::LtFp8Gemm scaled(lt, m, n, k, 32 << 20, out, cuda::LtFp8Gemm::Scales::kOuterVectors);
+    cuda::LtFp8Gemm scaled(lt, m, n, k, 32 << 20, out, cuda::LtFp8Gemm::Scales::kOuterVectors,
+                           d_as.data<float>(), d_bs.data<float>());
     Tensor d = testing::poisoned(out, {n, m});
     const bool ran = scaled.usable() && scaled.run_scaled(d_a.raw(), d_b.raw(), d.raw(), d_as.data<float>(),
-                                                           d_bs.data<float>(), scratch.raw(), cuda::compute_stream());
+                                                           d_bs.data<float>(), scratch.raw(),
+                                                           cuda::compute_stream());
     std::cout << "cuBLASLt outer-vector scales, " << dtype_name(out) << " output: "
               << (ran ? "taken" : "not offered (FP8 linears scale the product in a pass)") << "\n";
     if (!ran) continue;
