@@ -1,5 +1,5 @@
-// BF16 linears through cuBLAS; FP8 linears through per-token quantization and cuBLASLt, which applies
-// the token and channel scales itself (outer-vector scaling) or leaves them to a scaling pass.
+// BF16 linears through cuBLAS; FP8 linears through per-token quantization, cuBLASLt and a scaling pass
+// (or cuBLASLt's own outer-vector scaling, NIBBLE_LT_OUTER_SCALES=1).
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 
@@ -60,12 +60,14 @@ __global__ void __launch_bounds__(kScaleThreads) scale_product_kernel(const __gr
   }
 }
 
-// Whether FP8 linears ask cuBLASLt for outer-vector scaling (NIBBLE_LT_OUTER_SCALES=0: the scaling
-// pass instead, for comparisons).
+// Whether FP8 linears ask cuBLASLt for outer-vector scaling (NIBBLE_LT_OUTER_SCALES=1) instead of
+// scaling the product in a pass. Off by default: measured on an H200 (CUDA 13.0, bench/RESULTS.md,
+// 2026-11-30), cuBLASLt's outer-vector kernels made Mixtral-8x7B W4A8 decode slower, batch 32 11.30
+// ms a step against 10.82-10.99 and batch 1 4.49 against 4.01, though they save the 64 scaling passes.
 bool outer_scales() {
   static const bool on = [] {
     const char* v = std::getenv("NIBBLE_LT_OUTER_SCALES");
-    return v == nullptr || std::string_view(v) != "0";
+    return v != nullptr && std::string_view(v) == "1";
   }();
   return on;
 }
