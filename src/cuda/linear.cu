@@ -10,6 +10,7 @@
 
 #include "cuda/cuda_check.h"
 #include "cuda/device.h"
+#include "cuda/fp8_linear_mma.h"
 #include "cuda/launch.h"
 #include "cuda/linear.h"
 #include "cuda/moe_quantize.h"
@@ -21,11 +22,12 @@ namespace {
 constexpr std::size_t kLtScratchBytes = std::size_t{32} << 20;
 
 struct ScaleArgs {
-  const float* product;  // (T, N)
+  const float* product;  // (splits, T, N): partial products over K splits, added in order
   const float* x_scale;  // (T)
   const float* w_scale;  // (N)
   void* out;             // (T, N) BF16 or F32
   int64_t tokens, n;     // N % 4 == 0; product, w_scale and out 16-byte aligned
+  int64_t splits = 1;
 };
 
 constexpr int kScaleThreads = 128;
@@ -42,7 +44,8 @@ __device__ inline void store4(__nv_bfloat16* p, const float (&v)[4]) {
   *reinterpret_cast<uint2*>(p) = u;
 }
 
-// out = product · x_scale[t] · w_scale[n] (in that order, as the CPU twin), rounded once for BF16.
+// out = product · x_scale[t] · w_scale[n] (in that order, as the CPU twin), rounded once for BF16; the
+// product is first the sum of its K splits' partial products, in split order.
 // Grid (N / 4 / kScaleThreads rounded up, up to 65535 rows): a thread takes 4 columns (16-byte
 // loads) of rows blockIdx.y, + gridDim.y, ..., with its 4 weight scales loaded once.
 template <typename Out>
@@ -54,7 +57,11 @@ __global__ void __launch_bounds__(kScaleThreads) scale_product_kernel(const __gr
   const float4 ws = *reinterpret_cast<const float4*>(p.w_scale + c);
   for (int64_t t = blockIdx.y; t < p.tokens; t += gridDim.y) {
     const float xs = p.x_scale[t];
-    const float4 v = *reinterpret_cast<const float4*>(p.product + t * p.n + c);
+    float4 v = *reinterpret_cast<const float4*>(p.product + t * p.n + c);
+    for (int64_t s = 1; s < p.splits; ++s) {
+      const float4 u = *reinterpret_cast<const float4*>(p.product + (s * p.tokens + t) * p.n + c);
+      v = {v.x + u.x, v.y + u.y, v.z + u.z, v.w + u.w};
+    }
     const float y[4] = {v.x * xs * ws.x, v.y * xs * ws.y, v.z * xs * ws.z, v.w * xs * ws.w};
     store4(static_cast<Out*>(p.out) + t * p.n + c, y);
   }
@@ -70,6 +77,19 @@ bool outer_scales() {
     return v != nullptr && std::string_view(v) == "1";
   }();
   return on;
+}
+
+// The FP8 GEMM of few-token linears: "mma" (fp8_linear_mma.h: exact products, fp32 sums) or
+// "cublaslt" (the default) in NIBBLE_FP8_LINEAR.
+bool mma_linears() {
+  static const bool mma = [] {
+    const char* v = std::getenv("NIBBLE_FP8_LINEAR");
+    const std::string_view name = v != nullptr ? v : "";
+    check(name.empty() || name == "mma" || name == "cublaslt", "NIBBLE_FP8_LINEAR must be mma or cublaslt, not ",
+          name);
+    return name == "mma";
+  }();
+  return mma;
 }
 
 // Grows `t` to at least `numel` elements, keeping the old buffer alive.
@@ -117,7 +137,16 @@ void linear(const Tensor& x, const Linear& w, Tensor& out, cublasHandle_t handle
     quantize.amax_in = ws.x_amax.data<float>();
   }
   quantize_rows_fp8(quantize, stream);
-  if (outer_scales()) {
+  int64_t splits = 1;
+  const bool mma = mma_linears() && fp8_mma_supported(T, N, K);
+  if (mma) {
+    int64_t k_per_split = 0;
+    splits = fp8_mma_splits(N, K, multiprocessor_count(), &k_per_split);
+    grow(ws.product, DType::kF32, splits * T * N, ws.retired);
+    fp8_linear_mma({.x = ws.x_fp8.data<uint8_t>(), .w = w.weight.data<uint8_t>(), .partial = ws.product.data<float>(),
+                    .tokens = T, .n = N, .k = K, .splits = static_cast<int>(splits), .k_per_split = k_per_split},
+                   stream);
+  } else if (outer_scales()) {
     auto& scaled = ws.scaled_plans[{N, T, K, out.dtype()}];
     if (!scaled)
       scaled = std::make_unique<LtFp8Gemm>(ws.lt, N, T, K, kLtScratchBytes, out.dtype(),
@@ -127,15 +156,18 @@ void linear(const Tensor& x, const Linear& w, Tensor& out, cublasHandle_t handle
                                                ws.x_scale.data<float>(), ws.lt_scratch.raw(), stream))
       return;
   }
-  grow(ws.product, DType::kF32, T * N, ws.retired);
-  auto& plan = ws.plans[{N, T, K}];
-  if (!plan) plan = std::make_unique<LtFp8Gemm>(ws.lt, N, T, K, kLtScratchBytes, DType::kF32);
-  plan->run(w.weight.raw(), ws.x_fp8.raw(), ws.product.raw(), 1.0f, ws.lt_scratch.raw(), stream);
+  if (!mma) {
+    grow(ws.product, DType::kF32, T * N, ws.retired);
+    auto& plan = ws.plans[{N, T, K}];
+    if (!plan) plan = std::make_unique<LtFp8Gemm>(ws.lt, N, T, K, kLtScratchBytes, DType::kF32);
+    plan->run(w.weight.raw(), ws.x_fp8.raw(), ws.product.raw(), 1.0f, ws.lt_scratch.raw(), stream);
+  }
   const auto aligned16 = [](const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; };
   check(aligned16(out.raw()) && aligned16(w.scale.raw()),
         "CUDA FP8 linear: the output or the weight scales are not 16-byte aligned");
   const ScaleArgs scale{.product = ws.product.data<float>(), .x_scale = ws.x_scale.data<float>(),
-                        .w_scale = w.scale.data<float>(), .out = out.raw(), .tokens = T, .n = N};
+                        .w_scale = w.scale.data<float>(), .out = out.raw(), .tokens = T, .n = N,
+                        .splits = splits};
   const dim3 grid(static_cast<unsigned>((N / 4 + kScaleThreads - 1) / kScaleThreads),
                   static_cast<unsigned>(std::min<int64_t>(T, 65535)));
   if (out.dtype() == DType::kF32)

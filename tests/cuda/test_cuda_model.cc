@@ -15,6 +15,7 @@
 #include "cuda/cuda_check.h"
 #include "cuda/cuda_ops.h"
 #include "cuda/device.h"
+#include "cuda/fp8_linear_mma.h"
 #include "cuda/lt_fp8_gemm.h"
 #include "engine/engine.h"
 #include "engine/generator.h"
@@ -262,6 +263,53 @@ TEST(LtFp8Gemm, OuterVectorScalesMatchTheScaledProduct) {
         << dtype_name(out);
   }
   cublasLtDestroy(lt);
+}
+
+// The few-token FP8 linear on mma.sync (NIBBLE_FP8_LINEAR=mma): each K split's partial sums against
+// the double-precision sums of the decoded FP8 codes over that split's K, every element (poisoned
+// first). Products are exact in f16 and the sums fp32 (about sqrt(K / 16) roundings of 2^-24 deep: 1e-5
+// bounds it, where the FP8 tensor cores' own K sums are ~1e-4 off); token counts across the
+// 8-token tiles, K from 32 (a tp-2 rank of the tiny fixtures' o_proj) to 4096, chosen and forced splits.
+TEST(Fp8LinearMma, MatchesItsDefinition) {
+  SKIP_WITHOUT_GPU();
+  struct Case {
+    int64_t t, n, k, splits = 0, k_per_split = 0;  // splits 0: fp8_mma_splits' choice
+  };
+  for (const Case c : {Case{1, 16, 32}, Case{5, 48, 64}, Case{8, 640, 1408}, Case{19, 96, 4096},
+                       Case{19, 96, 4096, 3, 1408}, Case{33, 64, 512}, Case{64, 128, 96}, Case{40, 4096, 4096}}) {
+    std::mt19937 rng(static_cast<uint32_t>(c.t * 131 + c.n * 7 + c.k));
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    auto codes = [&](int64_t rows, float scale) {
+      Tensor t = Tensor::zeros(DType::kU8, {rows, c.k});
+      for (int64_t i = 0; i < t.numel(); ++i) t.data<uint8_t>()[i] = float_to_fp8_e4m3(scale * normal(rng));
+      return t;
+    };
+    const Tensor x = codes(c.t, 40.0f), w = codes(c.n, 4.0f);
+    int64_t k_per_split = c.k_per_split;
+    const int splits = c.splits > 0 ? static_cast<int>(c.splits)
+                                    : cuda::fp8_mma_splits(c.n, c.k, cuda::multiprocessor_count(), &k_per_split);
+    const Tensor d_x = cuda::upload(x), d_w = cuda::upload(w);
+    Tensor partial = testing::poisoned(DType::kF32, {splits, c.t, c.n});
+    cuda::fp8_linear_mma({.x = d_x.data<uint8_t>(), .w = d_w.data<uint8_t>(), .partial = partial.data<float>(),
+                          .tokens = c.t, .n = c.n, .k = c.k, .splits = splits, .k_per_split = k_per_split},
+                         cuda::compute_stream());
+    const Tensor got = cuda::download(partial);
+    std::vector<float> want(got.numel());
+    for (int s = 0; s < splits; ++s)
+      for (int64_t t = 0; t < c.t; ++t)
+        for (int64_t n = 0; n < c.n; ++n) {
+          double sum = 0;
+          for (int64_t k = s * k_per_split; k < std::min(c.k, (s + 1) * k_per_split); ++k)
+            sum += double{fp8_e4m3_to_float(x.data<uint8_t>()[t * c.k + k])} *
+                   fp8_e4m3_to_float(w.data<uint8_t>()[n * c.k + k]);
+          want[(s * c.t + t) * c.n + n] = static_cast<float>(sum);
+        }
+    const double err = rel_l2(want.data(), got.data<float>(), got.numel());
+    std::cout << "fp8 mma linear T=" << c.t << " N=" << c.n << " K=" << c.k << " splits=" << splits << " of "
+              << k_per_split << ": relative L2 " << err << "\n";
+    EXPECT_LE(err, 1e-5) << "T " << c.t << " N " << c.n << " K " << c.k;
+    for (int64_t i = 0; i < got.numel(); ++i) ASSERT_TRUE(std::isfinite(got.data<float>()[i])) << "element " << i;
+  }
 }
 
 // The collectives of a group of one rank: the sum and the maximum over it are the tensor itself. It
