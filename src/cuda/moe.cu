@@ -2,6 +2,8 @@
 #include "cuda/moe.h"
 
 #include <algorithm>
+#include <cstdlib>
+#include <string_view>
 
 #include "cuda/cuda_check.h"
 #include "cuda/device.h"
@@ -30,8 +32,21 @@ bool capturing(cudaStream_t stream) {
   return status != cudaStreamCaptureStatusNone;
 }
 
+// NIBBLE_MOE_PATH=decode keeps every call on the decode path (an experiment: exactness questions, the
+// decode kernels at prefill sizes); unset or auto, the path goes by size.
+bool decode_path_forced() {
+  static const bool forced = [] {
+    const char* v = std::getenv("NIBBLE_MOE_PATH");
+    const std::string_view name = v != nullptr ? v : "";
+    check(name.empty() || name == "auto" || name == "decode", "NIBBLE_MOE_PATH must be auto or decode, not ", name);
+    return name == "decode";
+  }();
+  return forced;
+}
+
 // The prefill path synchronizes with the host, so a CUDA graph (decode) always keeps the decode path.
 bool takes_prefill_path(MoePath path, int64_t tokens, int64_t top_k, int64_t experts, cudaStream_t stream) {
+  if (path == MoePath::kAuto && decode_path_forced()) return false;
   switch (path) {
     case MoePath::kDecode:
       return false;
