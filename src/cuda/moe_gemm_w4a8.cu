@@ -53,6 +53,14 @@ constexpr int64_t kTwoGroupsMinN = 16384;
 // 187.1 / 98.9 against 187.5 / 105.8; with 16-row tiles wgmma wins (Mixtral 32 tokens 166.3 / 80.5
 // against 170.0 / 85.1).
 constexpr int kMmaMaxTokenTiles = 1;
+// Blocks an SM should hold for tiles of up to 16 rows, one and two consumer warpgroups (an experiment
+// can build others: -DNIBBLE_MOE_BLOCKS_2G=3).
+#ifndef NIBBLE_MOE_BLOCKS_1G
+#define NIBBLE_MOE_BLOCKS_1G 4
+#endif
+#ifndef NIBBLE_MOE_BLOCKS_2G
+#define NIBBLE_MOE_BLOCKS_2G 2
+#endif
 
 int env_or(const char* name, int fallback) {
   const char* v = std::getenv(name);
@@ -77,8 +85,8 @@ struct Tile {
   static constexpr int kReduceSlots = kMma ? kWarps * kWarps * kTokenTiles * 32 : 1;
   // Blocks an SM should hold (registers permitting), and as many stages as their share of the SM's
   // shared memory allows.
-  static constexpr int kMinBlocks =
-      kGroups == 1 ? (kTokenTiles <= 2 ? 4 : kTokenTiles == 4 ? 3 : 2) : (kTokenTiles <= 2 ? 2 : 1);
+  static constexpr int kMinBlocks = kGroups == 1 ? (kTokenTiles <= 2 ? NIBBLE_MOE_BLOCKS_1G : kTokenTiles == 4 ? 3 : 2)
+                                                 : (kTokenTiles <= 2 ? NIBBLE_MOE_BLOCKS_2G : 1);
   static constexpr int kStages =
       std::clamp((220 * 1024 / kMinBlocks - 2048 - (kMma ? kReduceSlots * 16 : 0)) / kStageBytes, 3, 8);
   // Activation copies a stage, by the producer warp: kRows rows × 4 sixteen-byte columns a K block.
@@ -286,6 +294,9 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
   Cursor compute{.unit = static_cast<int>(blockIdx.x)};
   walk.resolve(compute, p);
   float acc[kAcc] = {};
+  [[maybe_unused]] const uint64_t act_desc = wgmma::descriptor(&sm.act[0][0], kCoreBytes, 4 * kCoreBytes);
+  [[maybe_unused]] const auto act_desc_lo = static_cast<uint32_t>(act_desc);
+  [[maybe_unused]] constexpr uint64_t act_desc_hi = uint64_t{(4 * kCoreBytes) >> 4} << 32;  // the 8-row stride
   for (int step = 0; walk.valid(compute); ++step) {
     const int slot = step % kStages;
     ptx::mbarrier_wait(&sm.full[slot], (step / kStages) & 1);
@@ -339,48 +350,44 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
         ptx::mbarrier_arrive(&sm.empty[slot]);
       }
     } else {
-    // Two halves of two K blocks (128 K each), each summed by the tensor cores, then promoted. Every
-    // wgmma is issued (a branch around one makes ptxas serialize them all); a K block past the split's
-    // end has zero weights here and zero activations from the producer.
-    float d[2][kAcc];
+    // The stage's four K blocks in one chain of tensor-core sums (256 K), then added to the fp32 sums.
+    // Every wgmma is issued (a branch around one makes ptxas serialize them all); a K block past the
+    // split's end has zero weights here and zero activations from the producer.
+    uint32_t a[kBlocksPerStage][2][4];
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      uint32_t a[2][2][4];
-#pragma unroll
-      for (int bb = 0; bb < 2; ++bb) {
-        const int b = half * 2 + bb;
-        const uint32_t live = b < nkb ? 0xFFFFFFFFu : 0u;
-        if constexpr (kFp8) {  // the two K steps' A fragments, as stored
-          const uint4 lo = sm.weights[slot][warp][b][2 * lane], hi = sm.weights[slot][warp][b][2 * lane + 1];
-          a[bb][0][0] = lo.x & live, a[bb][0][1] = lo.y & live, a[bb][0][2] = lo.z & live, a[bb][0][3] = lo.w & live;
-          a[bb][1][0] = hi.x & live, a[bb][1][1] = hi.y & live, a[bb][1][2] = hi.z & live, a[bb][1][3] = hi.w & live;
-        } else {
-          // Each nibble u becomes the FP8 byte u, worth u · 2^-9: low nibbles are rows g, high g + 8.
-          const uint32_t m = 0x0F0F0F0Fu & live;
-          const uint4 w = sm.weights[slot][warp][b][lane];
-          a[bb][0][0] = w.x & m, a[bb][0][1] = (w.x >> 4) & m;
-          a[bb][0][2] = w.y & m, a[bb][0][3] = (w.y >> 4) & m;
-          a[bb][1][0] = w.z & m, a[bb][1][1] = (w.z >> 4) & m;
-          a[bb][1][2] = w.w & m, a[bb][1][3] = (w.w >> 4) & m;
-        }
+    for (int b = 0; b < kBlocksPerStage; ++b) {
+      const uint32_t live = b < nkb ? 0xFFFFFFFFu : 0u;
+      if constexpr (kFp8) {  // the two K steps' A fragments, as stored
+        const uint4 lo = sm.weights[slot][warp][b][2 * lane], hi = sm.weights[slot][warp][b][2 * lane + 1];
+        a[b][0][0] = lo.x & live, a[b][0][1] = lo.y & live, a[b][0][2] = lo.z & live, a[b][0][3] = lo.w & live;
+        a[b][1][0] = hi.x & live, a[b][1][1] = hi.y & live, a[b][1][2] = hi.z & live, a[b][1][3] = hi.w & live;
+      } else {
+        // Each nibble u becomes the FP8 byte u, worth u · 2^-9: low nibbles are rows g, high g + 8.
+        const uint32_t m = 0x0F0F0F0Fu & live;
+        const uint4 w = sm.weights[slot][warp][b][lane];
+        a[b][0][0] = w.x & m, a[b][0][1] = (w.x >> 4) & m;
+        a[b][0][2] = w.y & m, a[b][0][3] = (w.y >> 4) & m;
+        a[b][1][0] = w.z & m, a[b][1][1] = (w.z >> 4) & m;
+        a[b][1][2] = w.w & m, a[b][1][3] = (w.w >> 4) & m;
       }
-      wgmma::fence();
-#pragma unroll
-      for (int bb = 0; bb < 2; ++bb) {
-        const uint8_t* act = &sm.act[slot][(half * 2 + bb) * kRows * kGemmKBlock];
-        wgmma::WgmmaE4m3<kRows>::mma(d[half], a[bb][0], wgmma::descriptor(act, kCoreBytes, 4 * kCoreBytes), bb);
-        wgmma::WgmmaE4m3<kRows>::mma(d[half], a[bb][1],
-                                     wgmma::descriptor(act + 2 * kCoreBytes, kCoreBytes, 4 * kCoreBytes), 1);
-      }
-      wgmma::commit();
     }
-    wgmma::wait<1>();
+    // The activations' descriptors: slot 0's address field moved to this slot and K block (addresses
+    // stay below 2^18, so the 14-bit field takes the sum without a carry); the upper word is constant.
+    const uint32_t slot_lo = act_desc_lo + static_cast<uint32_t>(slot * T::kActSlotBytes >> 4);
+    float d[kAcc];
+    wgmma::fence();
 #pragma unroll
-    for (int j = 0; j < kAcc; ++j) acc[j] += d[0][j];
+    for (int b = 0; b < kBlocksPerStage; ++b) {
+      // Core matrix (row group j, K column c) of K block b at b · kRows · 64 + (j · 4 + c) · 128.
+      const uint32_t lo = slot_lo + static_cast<uint32_t>(b * kRows * kGemmKBlock >> 4);
+      wgmma::WgmmaE4m3<kRows>::mma(d, a[b][0], act_desc_hi | lo, b);
+      wgmma::WgmmaE4m3<kRows>::mma(d, a[b][1], act_desc_hi | (lo + ((2 * kCoreBytes) >> 4)), 1);
+    }
+    wgmma::commit();
     wgmma::wait<0>();
     if (lane == 0) ptx::mbarrier_arrive(&sm.empty[slot]);  // this warp is done reading the slot
 #pragma unroll
-    for (int j = 0; j < kAcc; ++j) acc[j] += d[1][j];
+    for (int j = 0; j < kAcc; ++j) acc[j] += d[j];
     }
 
     if (compute.stage == compute.stages - 1) {  // the chunk's last stage: write its rows out
