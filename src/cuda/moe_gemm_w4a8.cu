@@ -20,7 +20,7 @@
 #include "cuda/cuda_check.h"
 #include "cuda/device.h"
 #include "cuda/kernel_attributes.h"
-#include "cuda/fp8_mma.cuh"
+#include "cuda/int4_f16_mma.cuh"
 #include "cuda/launch.h"
 #include "cuda/moe_gemm_w4a8.h"
 #include "cuda/ptx.cuh"
@@ -317,8 +317,8 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
         uint4 w[kWarps];
 #pragma unroll
         for (int mt = 0; mt < kWarps; ++mt) w[mt] = sm.weights[slot][mt][b][lane];
-        // B fragments of m16n8k32: lane (g, q) holds K 4q..4q+3 (word 2s) and 16 + 4q..19 + 4q (word
-        // 2s + 1) of row g in the block's K step s.
+        // Lane (g, q) reads K 4q..4q+3 of row g of each 16-wide K step: physical K 4q, 4q+2 are its
+        // logical 2q, 2q+1 (b0) and 4q+1, 4q+3 its 2q+8, 2q+9 (b1), as in the weights below.
         uint32_t x[kTokenTiles][4];
 #pragma unroll
         for (int nt = 0; nt < kTokenTiles; ++nt)
@@ -330,19 +330,19 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
                                           : 0u;
         ptx::mbarrier_arrive(&sm.empty[slot]);  // this lane is done reading the slot
 #pragma unroll
-        for (int s = 0; s < 2; ++s) {  // the block's two 32-wide K steps
+        for (int s = 0; s < 4; ++s) {
+          uint32_t bf[kTokenTiles][2];
+#pragma unroll
+          for (int nt = 0; nt < kTokenTiles; ++nt) int4_f16::activation_fragment(x[nt][s], bf[nt]);
 #pragma unroll
           for (int mt = 0; mt < kWarps; ++mt) {
-            // The A fragments as the wgmma path makes them: each nibble u the FP8 byte u (u · 2^-9), low
-            // nibbles rows g, high g + 8.
-            constexpr uint32_t m = 0x0F0F0F0Fu;
-            const uint32_t lo = s == 0 ? w[mt].x : w[mt].z, hi = s == 0 ? w[mt].y : w[mt].w;
-            const uint32_t a[4] = {lo & m, (lo >> 4) & m, hi & m, (hi >> 4) & m};
+            uint32_t a[4];  // int4_f16_mma.cuh: the nibbles as f16, rows g + 8 scaled by 16
+            int4_f16::weight_fragment(s == 0 ? w[mt].x : s == 1 ? w[mt].y : s == 2 ? w[mt].z : w[mt].w, a);
 #pragma unroll
             for (int nt = 0; nt < kTokenTiles; ++nt)
               if (nt == 0 || nt * 8 < rows_left) {
                 float(&d)[4] = *reinterpret_cast<float(*)[4]>(&acc[(mt * kTokenTiles + nt) * 4]);
-                fp8_mma::mma(d, a, {x[nt][2 * s], x[nt][2 * s + 1]});
+                int4_f16::mma(d, a, bf[nt]);
               }
           }
         }
@@ -452,7 +452,8 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
             const int row = nt * 8 + 2 * q + (j & 1);
             const int64_t channel = tile * 16 + g + ((j & 2) ? 8 : 0);
             if (compute.chunk * kRows + row >= compute.rows) continue;
-            const float dot = sum[nt][j] * 512.0f - 8.0f * sm.token_sum[row];
+            const float dot =
+                sum[nt][j] * ((j & 2) ? int4_f16::kHighScale : int4_f16::kLowScale) - 8.0f * sm.token_sum[row];
             out[row * p.n + channel] = dot * sm.token_scale[row] * wscale[channel];
           }
       } else if (!kMma && tile < tiles) {
