@@ -1,6 +1,9 @@
 // Tensor-core issue rates for the skinny shapes of the MoE decode GEMM: how many cycles of an SM one
 // instruction costs when every warp issues chains of it (wgmma m64nNk32 e4m3 with A from registers,
-// mma.sync m16n8k32 e4m3, mma.sync m16n8k16 f16). Not part of the build (a measurement tool):
+// mma.sync m16n8k16 f16). Measured on an H200 (bench/RESULTS.md, 2026-11-30): a wgmma m64n8k32 or
+// m64n16k32 costs 13 cycles, m64n32k32 16, m64n64k32 32 (the FP8 peak, 4096 MAC a cycle); an mma.sync
+// m16n8k16 f16 1.5. (An mma.sync m16n8k32 e4m3 is no FP8 instruction on sm_90: ptxas makes it f16
+// conversions and two HMMA.16816.) Not part of the build (a measurement tool):
 //   nvcc -O3 -std=c++20 -gencode=arch=compute_90a,code=sm_90a -Isrc bench/probe_tensor_rate.cu -o /tmp/probe
 //   /tmp/probe
 #include <cuda_runtime.h>
@@ -44,8 +47,7 @@ __global__ void wgmma_rate(long long* cycles, float* sink) {
   sink[blockIdx.x * blockDim.x + threadIdx.x] = s;
 }
 
-// mma.sync: 8 independent accumulators a warp, kIters rounds.
-template <bool kFp8>
+// mma.sync f16: 8 independent accumulators a warp, kIters rounds.
 __global__ void mma_rate(long long* cycles, float* sink) {
   const uint32_t a0 = threadIdx.x, a1 = 0, a2 = 0, a3 = 0, b0 = 0, b1 = 0;
   float d[8][4] = {};
@@ -53,18 +55,11 @@ __global__ void mma_rate(long long* cycles, float* sink) {
   for (int it = 0; it < kIters; ++it) {
 #pragma unroll
     for (int c = 0; c < 8; ++c) {
-      if constexpr (kFp8)
-        asm volatile(
-            "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-            "{%0,%1,%2,%3};\n"
-            : "+f"(d[c][0]), "+f"(d[c][1]), "+f"(d[c][2]), "+f"(d[c][3])
-            : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-      else
-        asm volatile(
-            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-            "{%0,%1,%2,%3};\n"
-            : "+f"(d[c][0]), "+f"(d[c][1]), "+f"(d[c][2]), "+f"(d[c][3])
-            : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+      asm volatile(
+          "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+          "{%0,%1,%2,%3};\n"
+          : "+f"(d[c][0]), "+f"(d[c][1]), "+f"(d[c][2]), "+f"(d[c][3])
+          : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
     }
   }
   const long long stop = clock64();
@@ -107,8 +102,7 @@ int main() {
   }
   for (int warps : {4, 8, 16}) {
     const double n = static_cast<double>(warps) * kIters * 8;
-    report("mma.sync m16n8k32 e4m3, 8 chains a warp", mma_rate<true>, 32 * warps, n, 16.0 * 8 * 32);
-    report("mma.sync m16n8k16 f16, 8 chains a warp", mma_rate<false>, 32 * warps, n, 16.0 * 8 * 16);
+    report("mma.sync m16n8k16 f16, 8 chains a warp", mma_rate, 32 * warps, n, 16.0 * 8 * 16);
   }
   return 0;
 }
