@@ -40,6 +40,10 @@ constexpr int kUnitsPerSm = 6;
 // Timing experiments (bench/RESULTS.md): NIBBLE_MOE_LEAVE_OUT is a sum of what is left out: 1 the
 // consumers' math, 2 the activation copies, 4 the weight copies (wrong results; the time of the rest).
 enum LeaveOut : int { kNothing = 0, kMath = 1, kActivations = 2, kWeights = 4 };
+// Timing probes of the wgmma consumers (NIBBLE_MOE_PROBE, 16-row tiles only; wrong results): no proxy
+// fence a stage, no tensor-core instructions (the operands folded into the sums instead), or constant
+// A operands (no weight loads or nibble masks).
+enum Probe : int { kNoProbe = 0, kProbeNoProxyFence = 1, kProbeNoTensor = 2, kProbeNoOperands = 3 };
 // Consumer warpgroups a wgmma block (64 output channels each, sharing the stage's activations): two
 // for 16-row tiles of wide projections (N >= kTwoGroupsMinN), else one; NIBBLE_MOE_CONSUMER_GROUPS
 // (1 or 2) overrides. Measured on an H200 (bench/RESULTS.md, 2026-11-30), ncu µs at 32 tokens, one
@@ -150,7 +154,7 @@ struct Walk {
 // empty, starts one bulk copy of each consumer warp's weights and its lanes' 16-byte activation copies,
 // all completing on the slot's `full` barrier; the consumers wait for `full`, compute, and release the
 // slot on `empty`. Neither side waits for the other's global loads (a unit's expert and row lookups).
-template <int kTokenTiles, bool kFp8, int kGroups, bool kMma>
+template <int kTokenTiles, bool kFp8, int kGroups, bool kMma, int kProbe = kNoProbe>
 __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThreads,
                                   Tile<kTokenTiles, kFp8, kGroups, kMma>::kMinBlocks)
     moe_gemm_w4a8_kernel(const __grid_constant__ GemmW4A8Args p) {
@@ -300,7 +304,8 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
   for (int step = 0; walk.valid(compute); ++step) {
     const int slot = step % kStages;
     ptx::mbarrier_wait(&sm.full[slot], (step / kStages) & 1);
-    if constexpr (!kMma) wgmma::fence_proxy_async();  // the activation copies are generic-proxy writes
+    // The activation copies are generic-proxy writes.
+    if constexpr (!kMma && kProbe != kProbeNoProxyFence) wgmma::fence_proxy_async();
 
     const int first = compute.kb_begin + compute.stage * kBlocksPerStage;
     const int nkb = min(kBlocksPerStage, compute.kb_begin + compute.kb_count - first);
@@ -364,7 +369,7 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
       } else {
         // Each nibble u becomes the FP8 byte u, worth u · 2^-9: low nibbles are rows g, high g + 8.
         const uint32_t m = 0x0F0F0F0Fu & live;
-        const uint4 w = sm.weights[slot][warp][b][lane];
+        const uint4 w = kProbe == kProbeNoOperands ? make_uint4(lane, b, 0, 0) : sm.weights[slot][warp][b][lane];
         a[b][0][0] = w.x & m, a[b][0][1] = (w.x >> 4) & m;
         a[b][0][2] = w.y & m, a[b][0][3] = (w.y >> 4) & m;
         a[b][1][0] = w.z & m, a[b][1][1] = (w.z >> 4) & m;
@@ -375,16 +380,21 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
     // stay below 2^18, so the 14-bit field takes the sum without a carry); the upper word is constant.
     const uint32_t slot_lo = act_desc_lo + static_cast<uint32_t>(slot * T::kActSlotBytes >> 4);
     float d[kAcc];
-    wgmma::fence();
+    if constexpr (kProbe == kProbeNoTensor) {  // the operands folded into d instead
 #pragma unroll
-    for (int b = 0; b < kBlocksPerStage; ++b) {
-      // Core matrix (row group j, K column c) of K block b at b · kRows · 64 + (j · 4 + c) · 128.
-      const uint32_t lo = slot_lo + static_cast<uint32_t>(b * kRows * kGemmKBlock >> 4);
-      wgmma::WgmmaE4m3<kRows>::mma(d, a[b][0], act_desc_hi | lo, b);
-      wgmma::WgmmaE4m3<kRows>::mma(d, a[b][1], act_desc_hi | (lo + ((2 * kCoreBytes) >> 4)), 1);
+      for (int j = 0; j < kAcc; ++j) d[j] = __uint_as_float(a[j % kBlocksPerStage][j % 2][j % 4] ^ a[3][1][j % 4]);
+    } else {
+      wgmma::fence();
+#pragma unroll
+      for (int b = 0; b < kBlocksPerStage; ++b) {
+        // Core matrix (row group j, K column c) of K block b at b · kRows · 64 + (j · 4 + c) · 128.
+        const uint32_t lo = slot_lo + static_cast<uint32_t>(b * kRows * kGemmKBlock >> 4);
+        wgmma::WgmmaE4m3<kRows>::mma(d, a[b][0], act_desc_hi | lo, b);
+        wgmma::WgmmaE4m3<kRows>::mma(d, a[b][1], act_desc_hi | (lo + ((2 * kCoreBytes) >> 4)), 1);
+      }
+      wgmma::commit();
+      wgmma::wait<0>();
     }
-    wgmma::commit();
-    wgmma::wait<0>();
     if (lane == 0) ptx::mbarrier_arrive(&sm.empty[slot]);  // this warp is done reading the slot
 #pragma unroll
     for (int j = 0; j < kAcc; ++j) acc[j] += d[j];
@@ -502,12 +512,27 @@ Grid grid_for(int64_t units, int64_t slots) {
   return {(units + per_block - 1) / per_block, per_block};
 }
 
+template <int kTokenTiles, bool kFp8, int kGroups, bool kMma>
+auto* kernel_for() {
+  static const int probe = env_or("NIBBLE_MOE_PROBE", kNoProbe);
+  if constexpr (kTokenTiles == 2 && !kFp8 && !kMma) {
+    switch (probe) {
+      case kProbeNoProxyFence: return moe_gemm_w4a8_kernel<kTokenTiles, kFp8, kGroups, kMma, kProbeNoProxyFence>;
+      case kProbeNoTensor: return moe_gemm_w4a8_kernel<kTokenTiles, kFp8, kGroups, kMma, kProbeNoTensor>;
+      case kProbeNoOperands: return moe_gemm_w4a8_kernel<kTokenTiles, kFp8, kGroups, kMma, kProbeNoOperands>;
+      default: break;
+    }
+  }
+  return moe_gemm_w4a8_kernel<kTokenTiles, kFp8, kGroups, kMma>;
+}
+
 template <int kTokenTiles, bool kFp8, int kGroups, bool kMma = false>
 void launch(const GemmW4A8Args& p, cudaStream_t stream) {
   using T = Tile<kTokenTiles, kFp8, kGroups, kMma>;
   constexpr int kSmem = sizeof(GemmSmem<kTokenTiles, kFp8, kGroups, kMma>);
-  auto* kernel = moe_gemm_w4a8_kernel<kTokenTiles, kFp8, kGroups, kMma>;
+  auto* kernel = kernel_for<kTokenTiles, kFp8, kGroups, kMma>();
   const int resident = resident_blocks<kTokenTiles, kFp8, kGroups, kMma>();
+  allow_dynamic_smem(reinterpret_cast<const void*>(kernel), kSmem);  // a probe's kernel
   const int64_t groups = (p.n / 16 + T::kWarps - 1) / T::kWarps;
   const int64_t units = p.expert_slots * groups * p.splits;
   const auto grid = static_cast<unsigned>(grid_for(units, int64_t{multiprocessor_count()} * resident).blocks);
