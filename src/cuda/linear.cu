@@ -79,34 +79,20 @@ bool outer_scales() {
   return on;
 }
 
-// The FP8 GEMM of few-token linears (NIBBLE_FP8_LINEAR): "mma" (fp8_linear_mma.h: exact products,
-// fp32 sums, up to kFp8MmaMaxTokens tokens), "cublaslt" (the default), or "auto" (mma up to
-// kAutoMmaMaxTokens tokens, cuBLASLt above). Measured on an H200 (bench/RESULTS.md, 2026-11-30): the F32
-// linear against the CPU came to 5.9e-8 relative L2 with mma against 1.3e-4, but Mixtral-8x7B W4A8
-// decode at batch 32 took 11.34 ms a step against 10.78 with cuBLASLt.
-enum class Fp8LinearGemm : uint8_t { kCublasLt, kMma, kAuto };
-constexpr int64_t kAutoMmaMaxTokens = 8;
-
-Fp8LinearGemm fp8_linear_gemm() {
-  static const Fp8LinearGemm gemm = [] {
+// The FP8 GEMM of few-token linears: "mma" (fp8_linear_mma.h: exact products, fp32 sums) or
+// "cublaslt" (the default) in NIBBLE_FP8_LINEAR. Measured on an H200 (bench/RESULTS.md, 2026-11-30):
+// the F32 linear against the CPU came to 5.9e-8 relative L2 with mma against 1.3e-4, but Mixtral-8x7B
+// W4A8 decode at batch 32 took 11.34 ms a step against 10.78 with cuBLASLt, and with mma only up to 8
+// tokens batch 1 took 4.20 ms against 4.02.
+bool mma_linears() {
+  static const bool mma = [] {
     const char* v = std::getenv("NIBBLE_FP8_LINEAR");
     const std::string_view name = v != nullptr ? v : "";
-    check(name.empty() || name == "mma" || name == "cublaslt" || name == "auto",
-          "NIBBLE_FP8_LINEAR must be mma, cublaslt or auto, not ", name);
-    return name == "mma" ? Fp8LinearGemm::kMma : name == "auto" ? Fp8LinearGemm::kAuto : Fp8LinearGemm::kCublasLt;
+    check(name.empty() || name == "mma" || name == "cublaslt", "NIBBLE_FP8_LINEAR must be mma or cublaslt, not ",
+          name);
+    return name == "mma";
   }();
-  return gemm;
-}
-
-bool mma_linear(int64_t tokens, int64_t n, int64_t k) {
-  switch (fp8_linear_gemm()) {
-    case Fp8LinearGemm::kCublasLt: return false;
-    case Fp8LinearGemm::kMma: break;
-    case Fp8LinearGemm::kAuto:
-      if (tokens > kAutoMmaMaxTokens) return false;
-      break;
-  }
-  return fp8_mma_supported(tokens, n, k);
+  return mma;
 }
 
 // Grows `t` to at least `numel` elements, keeping the old buffer alive.
@@ -155,7 +141,7 @@ void linear(const Tensor& x, const Linear& w, Tensor& out, cublasHandle_t handle
   }
   quantize_rows_fp8(quantize, stream);
   int64_t splits = 1;
-  const bool mma = mma_linear(T, N, K);
+  const bool mma = mma_linears() && fp8_mma_supported(T, N, K);
   if (mma) {
     int64_t k_per_split = 0;
     splits = fp8_mma_splits(N, K, multiprocessor_count(), &k_per_split);
