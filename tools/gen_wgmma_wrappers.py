@@ -29,12 +29,6 @@ template <int kPending>
 __device__ inline void wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\\n" ::"n"(kPending) : "memory");
 }
-// Pins a wgmma's accumulator registers after a wait: reads of them cannot move above this point.
-template <int kN>
-__device__ inline void fence_operands(float (&d)[kN]) {
-#pragma unroll
-  for (int i = 0; i < kN; ++i) asm volatile("" : "+f"(d[i])::"memory");
-}
 // Makes this thread's generic-proxy shared-memory writes (cp.async included) visible to wgmma.
 __device__ inline void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\\n" ::: "memory"); }
 
