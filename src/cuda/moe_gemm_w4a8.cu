@@ -9,7 +9,7 @@
 // bulk copy a row), all completing on the stage's mbarrier; the consumers hand each slot back on a
 // second mbarrier.
 // wgmma: weights go to registers as wgmma A fragments; activations sit in shared memory as wgmma's core
-// matrices. The tensor cores sum 128 K at a time; every 128 K is added to fp32 registers, so
+// matrices. The tensor cores sum 256 K at a time (a stage); every 256 K is added to fp32 registers, so
 // accumulation error does not grow with K.
 // mma.sync (GemmMath::kMmaSync): each warp takes one K block of the stage across the block's 64
 // channels (m16n8k16 f16, fp32 sums); the warps' partial sums meet in shared memory at a unit's end.
