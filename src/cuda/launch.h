@@ -1,7 +1,10 @@
 // Kernel launches with programmatic dependent launch (PDL, sm_90): launched with the attribute, a
 // kernel's blocks may be scheduled while the previous kernel in the stream finishes, so the launch
 // gap hides behind its tail. Every kernel launched here must call ptx::grid_dependency_wait() before
-// its first global memory access (ptx.cuh). NIBBLE_PDL=0 in the environment launches without the
+// its first access to memory that earlier work writes (ptx.cuh), and ptx::launch_dependents() only
+// after it. So when a kernel starts, every kernel two or more launches back in its stream has
+// completed: what they wrote (the MoE routing, for the MoE GEMM's early weight copies) may be read
+// before the wait; constant data (weights) always may. NIBBLE_PDL=0 in the environment launches without the
 // attribute (plain stream order). Not for cuBLAS(Lt) or NCCL work, which launches its own kernels.
 #pragma once
 

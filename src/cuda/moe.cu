@@ -147,7 +147,7 @@ void moe_w4a8(const Tensor& x, const MoeWeightsW4A8& w, const MoeParams& params,
                  .expert_offsets = ws.expert_offsets.data<int32_t>(),
                  .active_experts = ws.active_experts.data<int32_t>(), .out = ws.gate_up_out.data<float>(),
                  .max_rows = rows, .num_experts = E, .n = 2 * I, .k = H, .expert_slots = slots,
-                 .splits = gate_up_splits},
+                 .splits = gate_up_splits, .routing_settled = true},  // routed two launches back
                 stream);
   activation_quantize_fp8({.gate_up = ws.gate_up_out.data<float>(), .splits = gate_up_splits, .max_rows = rows,
                            .codes = ws.act_fp8.data<uint8_t>(), .scale = ws.act_scale.data<float>(),
@@ -160,7 +160,8 @@ void moe_w4a8(const Tensor& x, const MoeWeightsW4A8& w, const MoeParams& params,
                  .act_sums = ws.act_sums.data<float>(), .act_row = nullptr,
                  .expert_offsets = ws.expert_offsets.data<int32_t>(),
                  .active_experts = ws.active_experts.data<int32_t>(), .out = ws.down_out.data<float>(),
-                 .max_rows = rows, .num_experts = E, .n = H, .k = I, .expert_slots = slots, .splits = down_splits},
+                 .max_rows = rows, .num_experts = E, .n = H, .k = I, .expert_slots = slots, .splits = down_splits,
+                 .routing_settled = true},
                 stream);
   moe_combine({.down = ws.down_out.data<float>(), .row_pos = ws.row_pos.data<int32_t>(),
                .topk_weights = ws.topk_weights.data<float>(), .out = out.raw(), .out_dtype = out.dtype(),

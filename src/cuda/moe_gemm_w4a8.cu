@@ -130,9 +130,9 @@ struct Walk {
     const int slot = c.unit / (groups * splits), rest = c.unit % (groups * splits);
     c.group = rest / splits;
     c.split = rest % splits;
-    c.expert = p.active_experts[slot];
-    c.row_begin = p.expert_offsets[c.expert];
-    c.rows = p.expert_offsets[c.expert + 1] - c.row_begin;
+    c.expert = __ldcg(p.active_experts + slot);  // through L2: possibly read before the grid dependency wait
+    c.row_begin = __ldcg(p.expert_offsets + c.expert);
+    c.rows = __ldcg(p.expert_offsets + c.expert + 1) - c.row_begin;
     c.chunks = (c.rows + rows_per_chunk - 1) / rows_per_chunk;
     c.kb_begin = c.split * per_split;
     c.kb_count = min(kblocks, c.kb_begin + per_split) - c.kb_begin;
@@ -168,17 +168,15 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, q = lane & 3;
   const int tiles = static_cast<int>(p.n / 16);
-  ptx::grid_dependency_wait();  // the routing and the activations come from the kernels before (launch.h)
-  ptx::launch_dependents();
-  // The kernel before wrote the activations with generic stores; the bulk copies read them through
-  // the async proxy.
-  asm volatile("fence.proxy.async.global;\n" ::: "memory");
+  // The routing and the activations come from the kernels before (launch.h); settled routing may be
+  // read before the wait (GemmW4A8Args::routing_settled), and then each role waits below.
+  if (!p.routing_settled) ptx::grid_dependency_wait();
   Walk walk;
   walk.groups = (tiles + kWarps - 1) / kWarps;
   walk.splits = static_cast<int>(p.splits);
   walk.kblocks = static_cast<int>(p.k / kGemmKBlock);
   walk.per_split = (walk.kblocks + walk.splits - 1) / walk.splits;
-  walk.units = p.active_experts[p.num_experts] * walk.groups * walk.splits;
+  walk.units = __ldcg(p.active_experts + p.num_experts) * walk.groups * walk.splits;
   walk.rows_per_chunk = kRows;
 
   if (threadIdx.x == 0) {
@@ -197,7 +195,36 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
            ((static_cast<int64_t>(c.expert) * tiles + tile) * walk.kblocks + kb) * T::kWarpBlockBytes;
   };
 
+  // The producer's weight copies of a cursor's stage into `slot`, one bulk copy a consumer warp's tile;
+  // the slot's `full` barrier expects their bytes (its producer arrival comes with the activations).
+  auto copy_weights = [&](const Cursor& c, int slot) {
+    const int first = c.kb_begin + c.stage * kBlocksPerStage;
+    const int nkb = min(kBlocksPerStage, c.kb_begin + c.kb_count - first);
+    const int valid_tiles = (p.leave_out & kWeights) ? 0 : min(kWarps, tiles - c.group * kWarps);
+    const auto bytes = static_cast<uint32_t>(nkb * T::kWarpBlockBytes);
+    if (lane == 0) ptx::mbarrier_expect_tx(&sm.full[slot], bytes * valid_tiles);
+    __syncwarp();
+    if (lane < valid_tiles) {
+      const uint8_t* src = weights_at(c, c.group * kWarps + lane, first);
+      if (p.evict_first)
+        ptx::bulk_copy_to_shared_evict_first(sm.weights[slot][lane], src, bytes, &sm.full[slot]);
+      else
+        ptx::bulk_copy_to_shared(sm.weights[slot][lane], src, bytes, &sm.full[slot]);
+    }
+  };
+
   if (warp == kWarps) {  // the producer
+    // Settled routing: the first stages' weights are asked for while the kernel before finishes.
+    int early = 0;
+    if (p.routing_settled) {
+      Cursor c{.unit = static_cast<int>(blockIdx.x)};
+      for (walk.resolve(c, p); early < kStages && walk.valid(c); ++early, walk.advance(c, p)) copy_weights(c, early);
+      ptx::grid_dependency_wait();
+    }
+    ptx::launch_dependents();
+    // The kernel before wrote the activations with generic stores; the bulk copies read them through
+    // the async proxy.
+    asm volatile("fence.proxy.async.global;\n" ::: "memory");
     const int prefetch = p.prefetch_stages;
     // This lane's activation copies: pairs (row, 16-byte column) of the chunk, their sources (row
     // start + column; nullptr past the expert's rows) and shared-memory offsets.
@@ -234,15 +261,11 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
         }
         const int first = load.kb_begin + load.stage * kBlocksPerStage;
         const int nkb = min(kBlocksPerStage, load.kb_begin + load.kb_count - first);
-        const int valid_tiles = (p.leave_out & kWeights) ? 0 : min(kWarps, tiles - load.group * kWarps);
         const int act_rows = (p.leave_out & kActivations) ? 0 : chunk_rows;
-        const auto wbytes = static_cast<uint32_t>(nkb * T::kWarpBlockBytes);
         const auto abytes = static_cast<uint32_t>(nkb * kGemmKBlock);
-        if (lane == 0) ptx::mbarrier_arrive_expect_tx(&sm.full[slot], wbytes * valid_tiles + abytes * act_rows);
+        if (step >= early) copy_weights(load, slot);
+        if (lane == 0) ptx::mbarrier_arrive_expect_tx(&sm.full[slot], abytes * act_rows);
         __syncwarp();
-        if (lane < valid_tiles)
-          ptx::bulk_copy_to_shared(sm.weights[slot][lane], weights_at(load, load.group * kWarps + lane, first), wbytes,
-                                   &sm.full[slot]);
         if (lane < act_rows)
           ptx::bulk_copy_to_shared(&sm.act[slot][lane * T::kActRowBytes], row_src + first * kGemmKBlock, abytes,
                                    &sm.full[slot]);
@@ -265,18 +288,8 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
         }
         const int first = load.kb_begin + load.stage * kBlocksPerStage;
         const int nkb = min(kBlocksPerStage, load.kb_begin + load.kb_count - first);
-        if (lane == 0) {  // the weights: one bulk copy a consumer warp's tile
-          const int valid_tiles = (p.leave_out & kWeights) ? 0 : min(kWarps, tiles - load.group * kWarps);
-          const auto bytes = static_cast<uint32_t>(nkb * T::kWarpBlockBytes);
-          ptx::mbarrier_arrive_expect_tx(&sm.full[slot], bytes * valid_tiles);
-          for (int w = 0; w < valid_tiles; ++w) {
-            const uint8_t* src = weights_at(load, load.group * kWarps + w, first);
-            if (p.evict_first)
-              ptx::bulk_copy_to_shared_evict_first(sm.weights[slot][w], src, bytes, &sm.full[slot]);
-            else
-              ptx::bulk_copy_to_shared(sm.weights[slot][w], src, bytes, &sm.full[slot]);
-          }
-        }
+        if (step >= early) copy_weights(load, slot);
+        if (lane == 0) ptx::mbarrier_arrive(&sm.full[slot]);  // the producer's arrival; the lanes' come below
         // Every K block of the stage is written: zeros past the split's end and the expert's rows.
 #pragma unroll
         for (int b = 0; b < kBlocksPerStage; ++b)
@@ -295,6 +308,8 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
   }
 
   // The consumers.
+  if (p.routing_settled) ptx::grid_dependency_wait();
+  ptx::launch_dependents();
   Cursor compute{.unit = static_cast<int>(blockIdx.x)};
   walk.resolve(compute, p);
   float acc[kAcc] = {};

@@ -71,6 +71,10 @@ struct GemmW4A8Args {
   int consumer_groups = 0;      // wgmma consumer warpgroups a block, 1 or 2 (INT4 only); 0: the
                                 // NIBBLE_MOE_CONSUMER_GROUPS setting, else by shape (as choose_k_splits)
   GemmMath math = GemmMath::kDefault;  // INT4 weights, tiles of up to 16 rows; otherwise wgmma
+  // The routing (expert_offsets, active_experts) was written two or more launches back in the stream
+  // (launch.h), so the producer may start the first stages' weight copies before the kernel before
+  // it has finished (the activations and their scales are read only after).
+  bool routing_settled = false;
 };
 
 // Picks the K split for a problem so that the GPU is full; `rows` is T·K (routed pairs).

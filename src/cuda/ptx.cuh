@@ -32,6 +32,11 @@ __device__ inline void mbarrier_arrive_expect_tx(uint64_t* bar, uint32_t bytes) 
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_address(bar)), "r"(bytes)
                : "memory");
 }
+// Expects `bytes` more of asynchronous copies to complete on `bar` in this phase, without arriving.
+__device__ inline void mbarrier_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;\n" ::"r"(smem_address(bar)), "r"(bytes)
+               : "memory");
+}
 __device__ inline void mbarrier_wait(uint64_t* bar, uint32_t parity) {
   uint32_t done = 0;
   while (!done)

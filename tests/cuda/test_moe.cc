@@ -128,22 +128,27 @@ TEST_P(MoeGemm, MatchesItsDefinition) {
       }
     }
   // Blocks of one and of two consumer warpgroups (wgmma) and mma.sync (tiles of up to 16 rows; wgmma
-  // beyond); the splits summed.
+  // beyond), with the first weight copies before the grid dependency wait (settled routing: uploaded
+  // here) or after; the splits summed.
   struct Variant {
     int groups;
     cuda::GemmMath math;
+    bool settled;
     const char* name;
   };
-  for (const auto [groups, math, name] : {Variant{1, cuda::GemmMath::kWgmma, "wgmma, 1 consumer warpgroup"},
-                                          Variant{2, cuda::GemmMath::kWgmma, "wgmma, 2 consumer warpgroups"},
-                                          Variant{1, cuda::GemmMath::kMmaSync, "mma.sync"}}) {
+  for (const auto [groups, math, settled, name] :
+       {Variant{1, cuda::GemmMath::kWgmma, false, "wgmma, 1 consumer warpgroup"},
+        Variant{2, cuda::GemmMath::kWgmma, true, "wgmma, 2 consumer warpgroups, early weights"},
+        Variant{1, cuda::GemmMath::kMmaSync, false, "mma.sync"},
+        Variant{1, cuda::GemmMath::kMmaSync, true, "mma.sync, early weights"}}) {
     Tensor d_out = poisoned(DType::kF32, {splits, rows, N});
     cuda::moe_gemm_w4a8({.weights = d_weights.raw(), .weight_scale = d_scale.data<float>(),
                          .act = d_codes.data<uint8_t>(), .act_scale = d_scales.data<float>(),
                          .act_sums = d_sums.data<float>(), .act_row = d_act_row.data<int32_t>(),
                          .expert_offsets = d_offsets.data<int32_t>(), .active_experts = d_active.data<int32_t>(),
                          .out = d_out.data<float>(), .max_rows = rows, .num_experts = E, .n = N, .k = K,
-                         .expert_slots = slots, .splits = splits, .consumer_groups = groups, .math = math},
+                         .expert_slots = slots, .splits = splits, .consumer_groups = groups, .math = math,
+                         .routing_settled = settled},
                         nullptr);
     const Tensor out = cuda::download(d_out);
     std::vector<float> got(rows * N, 0.0f);
