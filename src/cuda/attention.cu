@@ -14,6 +14,7 @@
 #include "cuda/cuda_check.h"
 #include "cuda/launch.h"
 #include "cuda/ptx.cuh"
+#include "cuda/vec8.cuh"
 
 namespace nibble::cuda {
 namespace {
@@ -65,6 +66,57 @@ __global__ void append_kv_kernel(const __grid_constant__ AttentionArgs p) {
   }
 }
 
+// A token's k head or v head (8 elements from k_or_v, BF16 values) into the cache at `index`.
+__device__ inline void store8_kv(void* cache, bool fp8, float scale, int64_t index, const float (&v)[kVec]) {
+  if (!fp8) return store8(static_cast<bf16*>(cache) + index, v);
+  uint2 u;
+  auto* bytes = reinterpret_cast<__nv_fp8_storage_t*>(&u);
+#pragma unroll
+  for (int j = 0; j < kVec; ++j) bytes[j] = __nv_cvt_float_to_fp8(v[j] / scale, __NV_SATFINITE, __NV_E4M3);
+  *reinterpret_cast<uint2*>(static_cast<__nv_fp8_storage_t*>(cache) + index) = u;
+}
+
+// rope_kernel (basic_ops.cu) and append_kv_kernel in one launch, a block a token: the token's q and k
+// heads rotated in place (8 pairs a thread, the same arithmetic), the rotated k as stored (BF16) and
+// the v heads written into the cache.
+__global__ void rope_append_kv_kernel(const __grid_constant__ AttentionArgs p, bf16* qkv, const float* inv_freq) {
+  ptx::grid_dependency_wait();
+  ptx::launch_dependents();
+  const int64_t t = blockIdx.x, D = p.head_dim, half = D / 2, groups = half / kVec;
+  const int64_t kv_width = p.kv_heads * D, width = (p.heads + 2 * p.kv_heads) * D;
+  const int64_t slot = p.slot_mapping[t];
+  const auto pos = static_cast<float>(p.positions[t]);
+  bf16* row = qkv + t * width;
+  for (int64_t i = threadIdx.x; i < (p.heads + p.kv_heads) * groups; i += blockDim.x) {
+    const int64_t head = i / groups, j0 = i % groups * kVec;
+    bf16* x = row + head * D + j0;
+    float x1[kVec], x2[kVec], freq[kVec];
+    load8(x, x1);
+    load8(x + half, x2);
+    load8(inv_freq + j0, freq);
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) {
+      float s, c;
+      sincosf(pos * freq[j], &s, &c);
+      const float a = x1[j], b = x2[j];  // products rounded before the sum, as rope_kernel
+      x1[j] = __bfloat162float(__float2bfloat16_rn(__fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s))));
+      x2[j] = __bfloat162float(__float2bfloat16_rn(__fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s))));
+    }
+    store8(x, x1);
+    store8(x + half, x2);
+    if (head >= p.heads) {
+      const int64_t at = slot * kv_width + (head - p.heads) * D + j0;
+      store8_kv(p.k_cache, p.fp8, p.k_scale, at, x1);
+      store8_kv(p.k_cache, p.fp8, p.k_scale, at + half, x2);
+    }
+  }
+  for (int64_t i = threadIdx.x * kVec; i < kv_width; i += blockDim.x * kVec) {
+    float v[kVec];
+    load8(row + (p.heads + p.kv_heads) * D + i, v);
+    store8_kv(p.v_cache, p.fp8, p.v_scale, slot * kv_width + i, v);
+  }
+}
+
 __global__ void attention_kernel(const __grid_constant__ AttentionArgs p) {
   extern __shared__ float scores[];
   __shared__ float reduce[kThreads / 32];
@@ -111,10 +163,9 @@ __global__ void attention_kernel(const __grid_constant__ AttentionArgs p) {
   }
 }
 
-}  // namespace
-
-void attention(const Tensor& qkv, KvCacheLayer& cache, KvCacheDType cache_dtype, const ForwardBatch& batch,
-               const AttentionParams& params, Tensor& out, cudaStream_t stream) {
+// The KV append (with RoPE first when inv_freq is given: then qkv is written too), then attention.
+void append_and_attend(const Tensor& qkv, const Tensor* inv_freq, KvCacheLayer& cache, KvCacheDType cache_dtype,
+                       const ForwardBatch& batch, const AttentionParams& params, Tensor& out, cudaStream_t stream) {
   const int64_t width = (params.num_heads + 2 * params.num_kv_heads) * params.head_dim;
   expect(qkv, DType::kBF16, {batch.num_tokens, width}, "attention qkv");
   expect(out, DType::kBF16, {batch.num_tokens, params.num_heads * params.head_dim}, "attention output");
@@ -133,13 +184,32 @@ void attention(const Tensor& qkv, KvCacheLayer& cache, KvCacheDType cache_dtype,
                         .head_dim = params.head_dim, .softmax_scale = params.softmax_scale,
                         .k_scale = params.k_scale, .v_scale = params.v_scale,
                         .logit_softcap = params.logit_softcap};
-  launch_kernel(append_kv_kernel, static_cast<unsigned>(batch.num_tokens), kThreads, 0, stream, a);
+  if (inv_freq != nullptr) {
+    expect(*inv_freq, DType::kF32, {params.head_dim / 2}, "rope inv_freq");
+    check(params.head_dim % (2 * kVec) == 0, "rope: head_dim ", params.head_dim, " is not a multiple of ", 2 * kVec);
+    launch_kernel(rope_append_kv_kernel, static_cast<unsigned>(batch.num_tokens), kThreads, 0, stream, a,
+                  const_cast<bf16*>(a.qkv), inv_freq->data<float>());
+  } else {
+    launch_kernel(append_kv_kernel, static_cast<unsigned>(batch.num_tokens), kThreads, 0, stream, a);
+  }
   cuda_check(cudaGetLastError());
   if (decode) return attention_decode(qkv, cache, cache_dtype, batch, params, out, stream);
   if (prefill) return attention_prefill(qkv, cache, cache_dtype, batch, params, out, stream);
   const dim3 grid(static_cast<unsigned>(batch.num_tokens), static_cast<unsigned>(params.num_heads));
   launch_kernel(attention_kernel, grid, kThreads, batch.max_seq_len * sizeof(float), stream, a);
   cuda_check(cudaGetLastError());
+}
+
+}  // namespace
+
+void attention(const Tensor& qkv, KvCacheLayer& cache, KvCacheDType cache_dtype, const ForwardBatch& batch,
+               const AttentionParams& params, Tensor& out, cudaStream_t stream) {
+  append_and_attend(qkv, nullptr, cache, cache_dtype, batch, params, out, stream);
+}
+
+void rope_attention(Tensor& qkv, const Tensor& inv_freq, KvCacheLayer& cache, KvCacheDType cache_dtype,
+                    const ForwardBatch& batch, const AttentionParams& params, Tensor& out, cudaStream_t stream) {
+  append_and_attend(qkv, &inv_freq, cache, cache_dtype, batch, params, out, stream);
 }
 
 }  // namespace nibble::cuda

@@ -29,5 +29,9 @@ void rope(Tensor& qkv, const Tensor& positions, const Tensor& inv_freq, const At
           cudaStream_t stream);
 void attention(const Tensor& qkv, KvCacheLayer& cache, KvCacheDType cache_dtype, const ForwardBatch& batch,
                const AttentionParams& params, Tensor& out, cudaStream_t stream);
+// rope(qkv, batch.positions, inv_freq, params), then attention: the rotation and the KV append in one
+// kernel.
+void rope_attention(Tensor& qkv, const Tensor& inv_freq, KvCacheLayer& cache, KvCacheDType cache_dtype,
+                    const ForwardBatch& batch, const AttentionParams& params, Tensor& out, cudaStream_t stream);
 
 }  // namespace nibble::cuda

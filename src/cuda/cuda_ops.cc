@@ -146,17 +146,27 @@ void CudaOps::logits(const Tensor& x, const Tensor& rows, const Linear& w, Tenso
   cuda::linear(gathered, w, out, cublas_, linear_ws_, stream_);
 }
 
-void CudaOps::rope(Tensor& qkv, const Tensor& positions, const AttentionParams& params, double theta) {
-  auto& inv_freq = inv_freq_[{theta, params.head_dim}];
+const Tensor& CudaOps::inv_freq(double theta, int64_t head_dim) {
+  auto& inv_freq = inv_freq_[{theta, head_dim}];
   if (!inv_freq.defined()) {  // the same fp32 values as the CPU twin computes
-    const int64_t half = params.head_dim / 2;
+    const int64_t half = head_dim / 2;
     Tensor host = Tensor::zeros(DType::kF32, {half});
     for (int64_t i = 0; i < half; ++i)
       host.data<float>()[i] =
-          static_cast<float>(1.0 / std::pow(theta, static_cast<double>(2 * i) / static_cast<double>(params.head_dim)));
+          static_cast<float>(1.0 / std::pow(theta, static_cast<double>(2 * i) / static_cast<double>(head_dim)));
     inv_freq = upload(host);
   }
-  cuda::rope(qkv, positions, inv_freq, params, stream_);
+  return inv_freq;
+}
+
+void CudaOps::rope(Tensor& qkv, const Tensor& positions, const AttentionParams& params, double theta) {
+  cuda::rope(qkv, positions, inv_freq(theta, params.head_dim), params, stream_);
+}
+
+void CudaOps::rope_attention(Tensor& qkv, double theta, KvCacheLayer& cache, KvCacheDType cache_dtype,
+                             const ForwardBatch& batch, const AttentionParams& params, Tensor& out) {
+  const PlainLaunches plain(plain_site("attention"));
+  cuda::rope_attention(qkv, inv_freq(theta, params.head_dim), cache, cache_dtype, batch, params, out, stream_);
 }
 
 void CudaOps::attention(const Tensor& qkv, KvCacheLayer& cache, KvCacheDType cache_dtype, const ForwardBatch& batch,

@@ -47,6 +47,8 @@ class CudaOps final : public Ops {
   void linear(const Tensor& x, const Linear& w, Tensor& out, Communicator* row_group = nullptr) override;
   void logits(const Tensor& x, const Tensor& rows, const Linear& w, Tensor& out) override;
   void rope(Tensor& qkv, const Tensor& positions, const AttentionParams& params, double theta) override;
+  void rope_attention(Tensor& qkv, double theta, KvCacheLayer& cache, KvCacheDType cache_dtype,
+                      const ForwardBatch& batch, const AttentionParams& params, Tensor& out) override;
   void attention(const Tensor& qkv, KvCacheLayer& cache, KvCacheDType cache_dtype, const ForwardBatch& batch,
                  const AttentionParams& params, Tensor& out) override;
   void moe(const Tensor& x, const MoeWeights& w, const MoeParams& params, Tensor& out) override;
@@ -59,6 +61,8 @@ class CudaOps final : public Ops {
   cublasLtHandle_t cublas_lt_ = nullptr;
   Tensor cublas_workspace_;  // U8: given to cuBLAS so it never allocates (CUDA graph capture)
   LinearWorkspace linear_ws_;
+  // RoPE's inverse frequencies for (theta, head_dim), uploaded once.
+  const Tensor& inv_freq(double theta, int64_t head_dim);
   std::map<std::pair<double, int64_t>, Tensor> inv_freq_;  // (theta, head_dim) -> F32 (head_dim / 2)
   std::unique_ptr<MoeWorkspace> moe_ws_;
   MoeBf16Workspace moe_bf16_ws_;

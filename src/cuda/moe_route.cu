@@ -22,7 +22,7 @@ constexpr int kLogitWarps = 8;
 // contraction left to the compiler), and so get the same logits bit for bit.
 __device__ inline float lane_partial(const uint4* x, const uint4* w, int64_t units, int lane) {
   float sum = 0.0f;
-#pragma unroll 4
+#pragma unroll 8
   for (int64_t i = lane; i < units; i += 32) {
     const uint4 xv = x[i], wv = w[i];
     const auto* xh = reinterpret_cast<const __nv_bfloat162*>(&xv);
@@ -45,12 +45,24 @@ __device__ inline const uint4* row_units(const void* matrix, int64_t row, int64_
   return reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(matrix) + row * hidden);
 }
 
+// Before the grid dependency wait (the router is constant, launch.h): asks L2 for the router's rows,
+// a thread a row, so that the logits' loads of them after the wait hit L2 (between layers the expert
+// weights stream through L2 and evict them). Block b of G, thread i: rows b + i·G, b + (i + blockDim)·G...
+__device__ inline void prefetch_router_rows(const RouteArgs& p) {
+  const int64_t stride = int64_t{blockDim.x} * gridDim.x;
+  for (int64_t e = blockIdx.x + int64_t{threadIdx.x} * gridDim.x; e < p.experts; e += stride)
+    ptx::prefetch_l2_bulk(row_units(p.router, e, p.hidden), static_cast<uint32_t>(p.hidden * 2));
+}
+
 // Grid (T, E / 8): each warp computes one expert's logit for one token, reading 16 bytes (8 bf16) a
 // lane per step with several loads in flight, so that one token alone still spreads over the GPU.
 __global__ void router_logits_kernel(const __grid_constant__ RouteArgs p) {
   const int64_t t = blockIdx.x;
   const int64_t e = static_cast<int64_t>(blockIdx.y) * kLogitWarps + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
+  if (t == 0 && threadIdx.x < kLogitWarps && blockIdx.y * kLogitWarps + threadIdx.x < p.experts)
+    ptx::prefetch_l2_bulk(row_units(p.router, blockIdx.y * kLogitWarps + threadIdx.x, p.hidden),
+                          static_cast<uint32_t>(p.hidden * 2));
   ptx::grid_dependency_wait();
   ptx::launch_dependents();
   if (e >= p.experts) return;
@@ -202,9 +214,10 @@ __global__ void __launch_bounds__(kRouteThreads) route_group_kernel(const __grid
   __shared__ int counts[kMaxExperts];
   __shared__ int cursor[kMaxExperts];
   __shared__ uint8_t warp_counts[kRouteThreads / 32 * kMaxExperts];
+  const RouteArgs& p = a.route;
+  prefetch_router_rows(p);
   ptx::grid_dependency_wait();
   ptx::launch_dependents();
-  const RouteArgs& p = a.route;
   cg::cluster_group cluster = cg::this_cluster();
   const int64_t C = cluster.num_blocks(), q = cluster.block_rank();
   const int64_t pairs = p.tokens * p.experts, partials = pairs * 32, per = (partials + C - 1) / C;
@@ -242,9 +255,10 @@ __global__ void __launch_bounds__(kLogitWarps * 32) route_topk_group_kernel(cons
   __shared__ int cursor[kMaxExperts];
   __shared__ uint8_t warp_counts[kLogitWarps * kMaxExperts];
   __shared__ bool last;
+  const RouteArgs& p = a.route;
+  prefetch_router_rows(p);
   ptx::grid_dependency_wait();
   ptx::launch_dependents();
-  const RouteArgs& p = a.route;
   const int64_t t = blockIdx.x;
   const int warp = static_cast<int>(threadIdx.x / 32), lane = static_cast<int>(threadIdx.x % 32);
   if (warp < p.experts) {

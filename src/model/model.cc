@@ -97,8 +97,7 @@ Tensor Model::forward(const ForwardBatch& batch, KvCache& cache) {
 
     // h = pre_attn_norm(x), from the step before.
     ops_.linear(h, layer.attention.qkv_proj, qkv);
-    ops_.rope(qkv, batch.positions, attention, c.rope_theta);
-    ops_.attention(qkv, cache.layers[i], cache.dtype, batch, attention, attn);
+    ops_.rope_attention(qkv, c.rope_theta, cache.layers[i], cache.dtype, batch, attention, attn);
     ops_.linear(attn, layer.attention.o_proj, y, tp_group);
     all_reduce();
     residual_add_norm(layer.post_attn_norm, layer.pre_moe_norm);

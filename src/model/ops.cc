@@ -60,6 +60,12 @@ void Ops::add_rms_norm(Tensor& x, const Tensor& y, const Tensor& weight, float e
   rms_norm(x, weight, eps, out);
 }
 
+void Ops::rope_attention(Tensor& qkv, double theta, KvCacheLayer& cache, KvCacheDType cache_dtype,
+                         const ForwardBatch& batch, const AttentionParams& params, Tensor& out) {
+  rope(qkv, batch.positions, params, theta);
+  attention(qkv, cache, cache_dtype, batch, params, out);
+}
+
 std::unique_ptr<RecordedStep> Ops::record(const std::function<void()>& /*step*/) { return nullptr; }
 
 }  // namespace nibble

@@ -127,6 +127,10 @@ class Ops {
   virtual void attention(const Tensor& qkv, KvCacheLayer& cache, KvCacheDType cache_dtype,
                          const ForwardBatch& batch, const AttentionParams& params,
                          Tensor& out) = 0;
+  // rope(qkv, batch.positions, params, theta), then attention: the rotary embedding and the KV append
+  // after it, which a backend may fuse (the default calls rope then attention).
+  virtual void rope_attention(Tensor& qkv, double theta, KvCacheLayer& cache, KvCacheDType cache_dtype,
+                              const ForwardBatch& batch, const AttentionParams& params, Tensor& out);
   // The whole MoE layer: route, experts (gate_up, activation · up, down), weighted combine. x (T, H)
   // in the activation dtype; out (T, H) F32 (y; under tensor parallelism a rank's partial sum) or in
   // the activation dtype.

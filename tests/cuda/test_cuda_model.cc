@@ -404,6 +404,68 @@ TEST(CudaOpsTwin, PagedAttention) {
   }
 }
 
+// RoPE fused with the KV append (CudaOps::rope_attention, the forward pass's path) against rope then
+// attention on the same GPU (each checked against its CPU twin above): the rotated qkv, both caches
+// and the output bit for bit, for prompts and decode steps (the decode kernel at head_dim 128, the
+// prefill kernels), BF16 and FP8 caches.
+TEST(CudaOpsTwin, RopeAttentionFusesExactly) {
+  SKIP_WITHOUT_GPU();
+  cuda::CudaOps gpu;
+  auto bytes_equal = [](const Tensor& a, const Tensor& b) {
+    const Tensor x = cuda::download(a), y = cuda::download(b);
+    return x.nbytes() == y.nbytes() && std::memcmp(x.raw(), y.raw(), x.nbytes()) == 0;
+  };
+  const int64_t block = 4, blocks = 40;
+  for (const int64_t D : {64, 128})
+    for (const KvCacheDType dtype : {KvCacheDType::kBf16, KvCacheDType::kFp8E4M3}) {
+      const AttentionParams p{.num_heads = 8, .num_kv_heads = 2, .head_dim = D, .softmax_scale = 0.09f,
+                              .k_scale = 0.05f, .v_scale = 0.02f};
+      const int64_t width = (8 + 4) * D;
+      const DType storage = kv_storage_dtype(dtype);
+      KvCacheLayer split{.k = testing::poisoned(storage, {blocks, block, 2, D}),
+                         .v = testing::poisoned(storage, {blocks, block, 2, D})};
+      KvCacheLayer fused{.k = gpu.upload(cuda::download(split.k)), .v = gpu.upload(cuda::download(split.v))};
+      const std::vector<int32_t> table_a{7, 2, 9, 11, 4, 13, 6, 20, 21, 22};
+      const std::vector<int32_t> table_b{5, 1, 3, 30, 31, 32, 33, 34, 35, 36};
+      auto step = [&](const std::vector<int32_t>& pos_a, const std::vector<int32_t>& pos_b, uint32_t seed) {
+        std::vector<int32_t> positions, slots;
+        for (int32_t q : pos_a) positions.push_back(q), slots.push_back(table_a[q / block] * block + q % block);
+        for (int32_t q : pos_b) positions.push_back(q), slots.push_back(table_b[q / block] * block + q % block);
+        const auto T = static_cast<int64_t>(positions.size());
+        std::vector<int32_t> tables(table_a);
+        tables.insert(tables.end(), table_b.begin(), table_b.end());
+        const auto a = static_cast<int32_t>(pos_a.size());
+        const ForwardBatch batch{.num_tokens = T, .num_seqs = 2, .token_ids = gpu.upload(i32(std::vector<int32_t>(T))),
+                                 .positions = gpu.upload(i32(positions)),
+                                 .query_start = gpu.upload(i32({0, a, static_cast<int32_t>(T)})),
+                                 .seq_lens = gpu.upload(i32({pos_a.back() + 1, pos_b.back() + 1})),
+                                 .block_tables = gpu.upload(i32(tables).reshape({2, 10})),
+                                 .slot_mapping = gpu.upload(i32(slots)), .logit_rows = gpu.upload(i32({0})),
+                                 .max_query_len = std::max<int64_t>(a, T - a),
+                                 .max_seq_len = std::max(pos_a.back(), pos_b.back()) + 1};
+        const Tensor qkv = to_bf16(random_f32({T, width}, seed));
+        Tensor qkv_split = gpu.upload(qkv), qkv_fused = gpu.upload(qkv);
+        Tensor out_split = testing::poisoned(DType::kBF16, {T, 8 * D});
+        Tensor out_fused = testing::poisoned(DType::kBF16, {T, 8 * D});
+        gpu.rope(qkv_split, batch.positions, p, 1e6);
+        gpu.attention(qkv_split, split, dtype, batch, p, out_split);
+        gpu.rope_attention(qkv_fused, 1e6, fused, dtype, batch, p, out_fused);
+        const std::string what = "head_dim " + std::to_string(D) +
+                                 (dtype == KvCacheDType::kFp8E4M3 ? " fp8" : " bf16") + " tokens " + std::to_string(T);
+        EXPECT_TRUE(bytes_equal(qkv_split, qkv_fused)) << "qkv, " << what;
+        EXPECT_TRUE(bytes_equal(split.k, fused.k)) << "k cache, " << what;
+        EXPECT_TRUE(bytes_equal(split.v, fused.v)) << "v cache, " << what;
+        EXPECT_TRUE(bytes_equal(out_split, out_fused)) << "output, " << what;
+      };
+      std::vector<int32_t> prompt_a(30), prompt_b(11);
+      std::iota(prompt_a.begin(), prompt_a.end(), 0);
+      std::iota(prompt_b.begin(), prompt_b.end(), 0);
+      step(prompt_a, prompt_b, 41);  // both prompts
+      step({30}, {11}, 42);           // a decode step
+      step({31}, {12}, 43);
+    }
+}
+
 // The split-KV decode kernel (one token per sequence, head_dim 128): GQA groups of 4 and 6, with and
 // without the soft-cap, contexts from 1 to past several 128-key tiles, blocks scattered over the cache.
 TEST(CudaOpsTwin, DecodeAttention) {
