@@ -76,44 +76,49 @@ __device__ inline void store8_kv(void* cache, bool fp8, float scale, int64_t ind
   *reinterpret_cast<uint2*>(static_cast<__nv_fp8_storage_t*>(cache) + index) = u;
 }
 
-// rope_kernel (basic_ops.cu) and append_kv_kernel in one launch, a block a token: the token's q and k
-// heads rotated in place (8 pairs a thread, the same arithmetic), the rotated k as stored (BF16) and
-// the v heads written into the cache.
-__global__ void rope_append_kv_kernel(const __grid_constant__ AttentionArgs p, bf16* qkv, const float* inv_freq) {
+// rope_kernel (basic_ops.cu) and append_kv_kernel in one launch. Grid (T, items / kRopeThreads), an
+// item a thread: 8 rotated pairs of one of the token's q and k heads (in place in qkv, the same
+// arithmetic as rope_kernel; a k head's rotated values, as stored in BF16, also go into the cache), or
+// 8 elements of its v heads into the cache.
+constexpr int kRopeThreads = 256;
+
+__global__ void __launch_bounds__(kRopeThreads)
+    rope_append_kv_kernel(const __grid_constant__ AttentionArgs p, bf16* qkv, const float* inv_freq) {
   ptx::grid_dependency_wait();
   ptx::launch_dependents();
   const int64_t t = blockIdx.x, D = p.head_dim, half = D / 2, groups = half / kVec;
   const int64_t kv_width = p.kv_heads * D, width = (p.heads + 2 * p.kv_heads) * D;
+  const int64_t rope_items = (p.heads + p.kv_heads) * groups, v_items = kv_width / kVec;
+  const int64_t i = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x;
+  if (i >= rope_items + v_items) return;
   const int64_t slot = p.slot_mapping[t];
-  const auto pos = static_cast<float>(p.positions[t]);
   bf16* row = qkv + t * width;
-  for (int64_t i = threadIdx.x; i < (p.heads + p.kv_heads) * groups; i += blockDim.x) {
-    const int64_t head = i / groups, j0 = i % groups * kVec;
-    bf16* x = row + head * D + j0;
-    float x1[kVec], x2[kVec], freq[kVec];
-    load8(x, x1);
-    load8(x + half, x2);
-    load8(inv_freq + j0, freq);
-#pragma unroll
-    for (int j = 0; j < kVec; ++j) {
-      float s, c;
-      sincosf(pos * freq[j], &s, &c);
-      const float a = x1[j], b = x2[j];  // products rounded before the sum, as rope_kernel
-      x1[j] = __bfloat162float(__float2bfloat16_rn(__fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s))));
-      x2[j] = __bfloat162float(__float2bfloat16_rn(__fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s))));
-    }
-    store8(x, x1);
-    store8(x + half, x2);
-    if (head >= p.heads) {
-      const int64_t at = slot * kv_width + (head - p.heads) * D + j0;
-      store8_kv(p.k_cache, p.fp8, p.k_scale, at, x1);
-      store8_kv(p.k_cache, p.fp8, p.k_scale, at + half, x2);
-    }
-  }
-  for (int64_t i = threadIdx.x * kVec; i < kv_width; i += blockDim.x * kVec) {
+  if (i >= rope_items) {
     float v[kVec];
-    load8(row + (p.heads + p.kv_heads) * D + i, v);
-    store8_kv(p.v_cache, p.fp8, p.v_scale, slot * kv_width + i, v);
+    load8(row + (p.heads + p.kv_heads) * D + (i - rope_items) * kVec, v);
+    return store8_kv(p.v_cache, p.fp8, p.v_scale, slot * kv_width + (i - rope_items) * kVec, v);
+  }
+  const int64_t head = i / groups, j0 = i % groups * kVec;
+  const auto pos = static_cast<float>(p.positions[t]);
+  bf16* x = row + head * D + j0;
+  float x1[kVec], x2[kVec], freq[kVec];
+  load8(x, x1);
+  load8(x + half, x2);
+  load8(inv_freq + j0, freq);
+#pragma unroll
+  for (int j = 0; j < kVec; ++j) {
+    float s, c;
+    sincosf(pos * freq[j], &s, &c);
+    const float a = x1[j], b = x2[j];  // products rounded before the sum, as rope_kernel
+    x1[j] = __bfloat162float(__float2bfloat16_rn(__fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s))));
+    x2[j] = __bfloat162float(__float2bfloat16_rn(__fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s))));
+  }
+  store8(x, x1);
+  store8(x + half, x2);
+  if (head >= p.heads) {
+    const int64_t at = slot * kv_width + (head - p.heads) * D + j0;
+    store8_kv(p.k_cache, p.fp8, p.k_scale, at, x1);
+    store8_kv(p.k_cache, p.fp8, p.k_scale, at + half, x2);
   }
 }
 
@@ -187,8 +192,13 @@ void append_and_attend(const Tensor& qkv, const Tensor* inv_freq, KvCacheLayer& 
   if (inv_freq != nullptr) {
     expect(*inv_freq, DType::kF32, {params.head_dim / 2}, "rope inv_freq");
     check(params.head_dim % (2 * kVec) == 0, "rope: head_dim ", params.head_dim, " is not a multiple of ", 2 * kVec);
-    launch_kernel(rope_append_kv_kernel, static_cast<unsigned>(batch.num_tokens), kThreads, 0, stream, a,
-                  const_cast<bf16*>(a.qkv), inv_freq->data<float>());
+    // Items a token: 8 rotated pairs of a q or k head, 8 elements of the v heads.
+    const int64_t items = (params.num_heads + params.num_kv_heads) * (params.head_dim / 2 / kVec) +
+                          params.num_kv_heads * params.head_dim / kVec;
+    const dim3 grid(static_cast<unsigned>(batch.num_tokens),
+                    static_cast<unsigned>((items + kRopeThreads - 1) / kRopeThreads));
+    launch_kernel(rope_append_kv_kernel, grid, kRopeThreads, 0, stream, a, const_cast<bf16*>(a.qkv),
+                  inv_freq->data<float>());
   } else {
     launch_kernel(append_kv_kernel, static_cast<unsigned>(batch.num_tokens), kThreads, 0, stream, a);
   }

@@ -214,11 +214,13 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
   };
 
   if (warp == kWarps) {  // the producer
+    // The block's first unit, resolved once (its lookups go to L2: each costs the pipeline's start).
+    Cursor start{.unit = static_cast<int>(blockIdx.x)};
+    walk.resolve(start, p);
     // Settled routing: the first stages' weights are asked for while the kernel before finishes.
     int early = 0;
     if (p.routing_settled) {
-      Cursor c{.unit = static_cast<int>(blockIdx.x)};
-      for (walk.resolve(c, p); early < kStages && walk.valid(c); ++early, walk.advance(c, p)) copy_weights(c, early);
+      for (Cursor c = start; early < kStages && walk.valid(c); ++early, walk.advance(c, p)) copy_weights(c, early);
       ptx::grid_dependency_wait();
     }
     ptx::launch_dependents();
@@ -230,9 +232,7 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
     // start + column; nullptr past the expert's rows) and shared-memory offsets.
     const uint8_t* act_src[T::kPairsPerLane];
     int act_dst[T::kPairsPerLane];
-    Cursor load{.unit = static_cast<int>(blockIdx.x)}, ahead = load;
-    walk.resolve(load, p);
-    walk.resolve(ahead, p);
+    Cursor load = start, ahead = start;
     // Lanes 0-3 ask L2 for the weights of `ahead`'s stage, then `ahead` moves on.
     auto prefetch_next = [&] {
       if (lane < kWarps && ahead.group * kWarps + lane < tiles) {
