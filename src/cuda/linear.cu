@@ -1,5 +1,6 @@
-// BF16 linears through cuBLAS; FP8 linears through per-token quantization, cuBLASLt and a scaling pass
-// (or cuBLASLt's own outer-vector scaling, NIBBLE_LT_OUTER_SCALES=1).
+// BF16 linears through cuBLAS; FP8 linears of a few tokens in one kernel (fp8_gemv.h), else through
+// per-token quantization, cuBLASLt and a scaling pass (or cuBLASLt's own outer-vector scaling,
+// NIBBLE_LT_OUTER_SCALES=1).
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 
@@ -10,6 +11,7 @@
 
 #include "cuda/cuda_check.h"
 #include "cuda/device.h"
+#include "cuda/fp8_gemv.h"
 #include "cuda/fp8_linear_mma.h"
 #include "cuda/launch.h"
 #include "cuda/linear.h"
@@ -79,20 +81,32 @@ bool outer_scales() {
   return on;
 }
 
-// The FP8 GEMM of few-token linears: "mma" (fp8_linear_mma.h: exact products, fp32 sums) or
-// "cublaslt" (the default) in NIBBLE_FP8_LINEAR. Measured on an H200 (bench/RESULTS.md, 2026-11-30):
-// the F32 linear against the CPU came to 5.9e-8 relative L2 with mma against 1.3e-4, but Mixtral-8x7B
-// W4A8 decode at batch 32 took 11.34 ms a step against 10.78 with cuBLASLt, and with mma only up to 8
-// tokens batch 1 took 4.20 ms against 4.02.
-bool mma_linears() {
-  static const bool mma = [] {
+// The FP8 GEMM of a linear, NIBBLE_FP8_LINEAR: "gemv" (fp8_gemv.h: quantization, products and
+// scales in one kernel, up to kFp8GemvMaxTokens tokens), "mma" (fp8_linear_mma.h: exact products,
+// fp32 sums), "cublaslt", or "auto" (the default: gemv up to kGemvAutoTokens tokens, else cuBLASLt).
+// Measured on an H200 (bench/RESULTS.md, 2026-11-30): the F32 linear against the CPU came to 5.9e-8
+// relative L2 with mma against 1.3e-4, but Mixtral-8x7B W4A8 decode at batch 32 took 11.34 ms a step
+// against 10.78 with cuBLASLt, and with mma only up to 8 tokens batch 1 took 4.20 ms against 4.02.
+enum class Fp8Gemm { kAuto, kGemv, kMma, kCublasLt };
+constexpr int64_t kGemvAutoTokens = 2;
+
+Fp8Gemm fp8_gemm_setting() {
+  static const Fp8Gemm setting = [] {
     const char* v = std::getenv("NIBBLE_FP8_LINEAR");
     const std::string_view name = v != nullptr ? v : "";
-    check(name.empty() || name == "mma" || name == "cublaslt", "NIBBLE_FP8_LINEAR must be mma or cublaslt, not ",
-          name);
-    return name == "mma";
+    check(name.empty() || name == "auto" || name == "gemv" || name == "mma" || name == "cublaslt",
+          "NIBBLE_FP8_LINEAR must be auto, gemv, mma or cublaslt, not ", name);
+    return name == "gemv" ? Fp8Gemm::kGemv : name == "mma" ? Fp8Gemm::kMma : name == "cublaslt" ? Fp8Gemm::kCublasLt
+                                                                                              : Fp8Gemm::kAuto;
   }();
-  return mma;
+  return setting;
+}
+
+Fp8Gemm fp8_gemm_for(int64_t tokens, int64_t n, int64_t k) {
+  const Fp8Gemm setting = fp8_gemm_setting();
+  if (setting == Fp8Gemm::kMma) return fp8_mma_supported(tokens, n, k) ? Fp8Gemm::kMma : Fp8Gemm::kCublasLt;
+  const int64_t most = setting == Fp8Gemm::kGemv ? kFp8GemvMaxTokens : setting == Fp8Gemm::kAuto ? kGemvAutoTokens : 0;
+  return tokens <= most && fp8_gemv_supported(tokens, k) ? Fp8Gemm::kGemv : Fp8Gemm::kCublasLt;
 }
 
 // Grows `t` to at least `numel` elements, keeping the old buffer alive.
@@ -139,9 +153,17 @@ void linear(const Tensor& x, const Linear& w, Tensor& out, cublasHandle_t handle
     row_group->all_reduce_max(rows_amax);
     quantize.amax_in = ws.x_amax.data<float>();
   }
+  const Fp8Gemm gemm = fp8_gemm_for(T, N, K);
+  if (gemm == Fp8Gemm::kGemv) {
+    fp8_gemv({.x = x.raw(), .w = w.weight.data<uint8_t>(), .w_scale = w.scale.data<float>(), .out = out.raw(),
+              .out_f32 = out.dtype() == DType::kF32, .tokens = T, .n = N, .k = K, .static_scale = w.input_scale,
+              .amax_in = quantize.amax_in},
+             stream);
+    return;
+  }
   quantize_rows_fp8(quantize, stream);
   int64_t splits = 1;
-  const bool mma = mma_linears() && fp8_mma_supported(T, N, K);
+  const bool mma = gemm == Fp8Gemm::kMma;
   if (mma) {
     int64_t k_per_split = 0;
     splits = fp8_mma_splits(N, K, multiprocessor_count(), &k_per_split);

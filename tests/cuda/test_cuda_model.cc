@@ -15,6 +15,7 @@
 #include "cuda/cuda_check.h"
 #include "cuda/cuda_ops.h"
 #include "cuda/device.h"
+#include "cuda/fp8_gemv.h"
 #include "cuda/fp8_linear_mma.h"
 #include "cuda/lt_fp8_gemm.h"
 #include "engine/engine.h"
@@ -270,6 +271,114 @@ TEST(LtFp8Gemm, OuterVectorScalesMatchTheScaledProduct) {
 // first). Products are exact in f16 and the sums fp32 (about sqrt(K / 16) roundings of 2^-24 deep: 1e-5
 // bounds it, where the FP8 tensor cores' own K sums are ~1e-4 off); token counts across the
 // 8-token tiles, K from 32 (a tp-2 rank of the tiny fixtures' o_proj) to 4096, chosen and forced splits.
+// The few-token FP8 linear (fp8_gemv.h) against its definition in double: x's rows quantized on the
+// host (the CPU twin's rounding: x / scale to nearest even, saturating), the products of the codes'
+// values summed, times the row's and the channel's scales. Dynamic, static and reduced-amax input
+// scales; F32 and BF16 outputs (poisoned, every element checked); K not a multiple of 512, N odd.
+TEST(Fp8Gemv, MatchesItsDefinition) {
+  SKIP_WITHOUT_GPU();
+  struct Case {
+    int64_t t, n, k;
+  };
+  for (const Case c : {Case{1, 16, 16}, Case{1, 6144, 4096}, Case{2, 4096, 4096}, Case{3, 101, 1408},
+                       Case{4, 640, 1408}, Case{4, 96, 6144}, Case{2, 64, 14336}})
+    for (const int mode : {0, 1, 2}) {  // 0 dynamic, 1 static, 2 reduced amax (larger than the row's)
+      ASSERT_TRUE(cuda::fp8_gemv_supported(c.t, c.k));
+      std::mt19937 rng(static_cast<uint32_t>(c.t * 131 + c.n * 7 + c.k + mode));
+      std::normal_distribution<float> normal(0.0f, 1.0f);
+      Tensor x = Tensor::zeros(DType::kBF16, {c.t, c.k});
+      for (int64_t i = 0; i < x.numel(); ++i) x.data<Bf16>()[i] = float_to_bf16(3.0f * normal(rng));
+      Tensor w = Tensor::zeros(DType::kU8, {c.n, c.k});
+      for (int64_t i = 0; i < w.numel(); ++i) w.data<uint8_t>()[i] = float_to_fp8_e4m3(40.0f * normal(rng));
+      Tensor w_scale = Tensor::zeros(DType::kF32, {c.n});
+      for (int64_t i = 0; i < c.n; ++i) w_scale.data<float>()[i] = 0.001f * (1.0f + 0.01f * static_cast<float>(i % 37));
+      const float static_scale = mode == 1 ? 0.02f : 0.0f;
+      std::vector<float> amax_in(c.t), scales(c.t);
+      for (int64_t t = 0; t < c.t; ++t) {
+        float amax = 0.0f;
+        for (int64_t k = 0; k < c.k; ++k) amax = std::max(amax, std::fabs(bf16_to_float(x.data<Bf16>()[t * c.k + k])));
+        amax_in[t] = amax * 1.5f;
+        scales[t] = mode == 1 ? static_scale : std::max(mode == 2 ? amax_in[t] : amax, 1e-12f) / 448.0f;
+      }
+      const Tensor d_x = cuda::upload(x), d_w = cuda::upload(w), d_scale = cuda::upload(w_scale);
+      Tensor d_amax = cuda::upload(Tensor::zeros(DType::kF32, {c.t}));
+      cuda_check(cudaMemcpy(d_amax.raw(), amax_in.data(), c.t * sizeof(float), cudaMemcpyHostToDevice));
+      for (const bool f32 : {true, false}) {
+        Tensor out = testing::poisoned(f32 ? DType::kF32 : DType::kBF16, {c.t, c.n});
+        cuda::fp8_gemv({.x = d_x.raw(), .w = d_w.data<uint8_t>(), .w_scale = d_scale.data<float>(), .out = out.raw(),
+                        .out_f32 = f32, .tokens = c.t, .n = c.n, .k = c.k, .static_scale = static_scale,
+                        .amax_in = mode == 2 ? d_amax.data<float>() : nullptr},
+                       cuda::compute_stream());
+        const Tensor got = to_f32(cuda::download(out));
+        std::vector<float> want(c.t * c.n);
+        for (int64_t t = 0; t < c.t; ++t) {
+          std::vector<double> xq(c.k);
+          for (int64_t k = 0; k < c.k; ++k)
+            xq[k] = fp8_e4m3_to_float(float_to_fp8_e4m3(bf16_to_float(x.data<Bf16>()[t * c.k + k]) / scales[t]));
+          for (int64_t n = 0; n < c.n; ++n) {
+            double sum = 0;
+            for (int64_t k = 0; k < c.k; ++k) sum += xq[k] * fp8_e4m3_to_float(w.data<uint8_t>()[n * c.k + k]);
+            want[t * c.n + n] = static_cast<float>(sum * scales[t] * w_scale.data<float>()[n]);
+          }
+        }
+        for (int64_t i = 0; i < got.numel(); ++i) ASSERT_TRUE(std::isfinite(got.data<float>()[i])) << "element " << i;
+        const double err = rel_l2(want.data(), got.data<float>(), got.numel());
+        std::cout << "fp8 gemv T=" << c.t << " N=" << c.n << " K=" << c.k << " mode " << mode
+                  << (f32 ? " F32" : " BF16") << ": relative L2 " << err << "\n";
+        EXPECT_LE(err, f32 ? 1e-5 : 4e-3) << "T " << c.t << " N " << c.n << " K " << c.k << " mode " << mode;
+      }
+    }
+}
+
+// The FP8 linears of decode at few tokens, as the engine runs them (CudaOps::linear, 20 calls
+// recorded in a CUDA graph and replayed): µs a call. Run it under NIBBLE_FP8_LINEAR=gemv and =cublaslt
+// (scripts/gpu-check) to compare the two paths.
+TEST(CudaOpsTwin, Fp8LinearTiming) {
+  SKIP_WITHOUT_GPU();
+  cuda::CudaOps gpu;
+  struct Shape {
+    const char* name;
+    int64_t n, k;
+  };
+  for (const Shape shape : {Shape{"Mixtral-8x7B qkv", 6144, 4096}, Shape{"Mixtral-8x7B o", 4096, 4096},
+                            Shape{"Grok-1 qkv", 8192, 6144}, Shape{"Grok-1 o", 6144, 6144}})
+    for (const int64_t T : {1, 2, 3, 4, 8}) {
+      Tensor scale = Tensor::zeros(DType::kF32, {shape.n});
+      std::fill_n(scale.data<float>(), shape.n, 0.001f);
+      Tensor weight = gpu.empty(DType::kF8E4M3, {shape.n, shape.k});
+      cuda_check(cudaMemset(weight.raw(), 0x38, weight.nbytes()));  // e4m3 0x38 = 1.0
+      const Linear w{.format = WeightFormat::kFp8, .out_features = shape.n, .in_features = shape.k, .weight = weight,
+                     .scale = gpu.upload(scale)};
+      Tensor x = gpu.empty(DType::kBF16, {T, shape.k});
+      cuda_check(cudaMemset(x.raw(), 0x3C, x.nbytes()));
+      Tensor out = gpu.empty(DType::kBF16, {T, shape.n});
+      constexpr int kCalls = 20, kReplays = 20;
+      gpu.linear(x, w, out);  // plans and workspaces outside the recording
+      auto step = gpu.record([&] {
+        for (int i = 0; i < kCalls; ++i) gpu.linear(x, w, out);
+      });
+      ASSERT_NE(step, nullptr);
+      step->replay();
+      cudaEvent_t start, stop;
+      cuda_check(cudaEventCreate(&start));
+      cuda_check(cudaEventCreate(&stop));
+      cuda_check(cudaEventRecord(start, cuda::compute_stream()));
+      for (int r = 0; r < kReplays; ++r) step->replay();
+      cuda_check(cudaEventRecord(stop, cuda::compute_stream()));
+      cuda_check(cudaEventSynchronize(stop));
+      float ms = 0;
+      cuda_check(cudaEventElapsedTime(&ms, start, stop));
+      cuda_check(cudaEventDestroy(start));
+      cuda_check(cudaEventDestroy(stop));
+      const double us = 1000.0 * ms / (kCalls * kReplays);
+      std::cout << "fp8 linear " << shape.name << " (N " << shape.n << ", K " << shape.k << "), " << T
+                << " tokens: " << us << " us a call, " << static_cast<double>(shape.n * shape.k) / us * 1e-3
+                << " GB/s of weights\n";
+      const Tensor host = to_f32(cuda::download(out));
+      ASSERT_TRUE(std::isfinite(host.data<float>()[0]));
+    }
+}
+
 TEST(Fp8LinearMma, MatchesItsDefinition) {
   SKIP_WITHOUT_GPU();
   struct Case {

@@ -1,0 +1,194 @@
+// The few-token FP8 linear (fp8_gemv.h). A warp takes two output channels; a lane holds 16-byte
+// chunks of both rows' weights (8 a row up to two tokens: 4 KB of a row a warp at once), the first loaded
+// before the grid dependency wait, so that the weights stream while the kernel before finishes.
+// Every block quantizes x's rows itself (as quantize_rows_kernel: the same scale and codes) into
+// shared memory as the codes' fp32 values, laid out so that the 32 lanes' reads of one chunk's four
+// 16-byte quarters are each one contiguous 512 bytes (no bank conflicts).
+#include "cuda/fp8_gemv.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include "cuda/cuda_check.h"
+#include "cuda/kernel_attributes.h"
+#include "cuda/launch.h"
+#include "cuda/ptx.cuh"
+
+namespace nibble::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+constexpr int kRowsPerWarp = 2;
+// 16-byte weight chunks a lane holds of each row: 8 (4 KB of a row a warp), 4 from 3 tokens (the
+// accumulators' registers).
+template <int kTokens>
+constexpr int kChunks = kTokens <= 2 ? 8 : 4;
+constexpr int64_t kMaxSmemBytes = 160 * 1024;
+
+// Floats of shared memory a token: K rounded up to whole tiles of 32 chunks (512 values).
+__host__ __device__ inline int64_t padded_k(int64_t k) { return (k / 16 + 31) / 32 * 32 * 16; }
+
+// Where value k of a token sits: chunk c = k / 16 of tile c / 32, quarter q = k % 16 / 4; the
+// quarters q of a tile's 32 chunks are 32 consecutive float4.
+__device__ inline int64_t xq_index(int64_t k) {
+  const int64_t c = k / 16;
+  return ((c / 32) * 4 + (k % 16) / 4) * 128 + (c % 32) * 4 + k % 4;
+}
+
+// 16 FP8 e4m3 codes as fp32 values (exact).
+__device__ inline void decode16(const uint4 w, float (&f)[16]) {
+  const uint32_t words[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const auto pair = static_cast<__nv_fp8x2_storage_t>(words[i] >> (16 * h));
+      const float2 v = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(pair, __NV_E4M3)));
+      f[4 * i + 2 * h] = v.x;
+      f[4 * i + 2 * h + 1] = v.y;
+    }
+  }
+}
+
+template <int kTokens>
+__global__ void __launch_bounds__(kThreads) fp8_gemv_kernel(const __grid_constant__ Fp8GemvArgs p) {
+  extern __shared__ float4 smem[];
+  auto* xq = reinterpret_cast<float*>(smem);  // (kTokens, padded K)
+  __shared__ float partial[kWarps][kTokens];
+  __shared__ float scale[kTokens];
+  const int warp = static_cast<int>(threadIdx.x / 32), lane = static_cast<int>(threadIdx.x % 32);
+  const int64_t chunks = p.k / 16, kp = padded_k(p.k);
+  const int64_t n0 = (int64_t{blockIdx.x} * kWarps + warp) * kRowsPerWarp;
+  const uint4* rows[kRowsPerWarp];
+#pragma unroll
+  for (int r = 0; r < kRowsPerWarp; ++r)
+    rows[r] = reinterpret_cast<const uint4*>(p.w + min(n0 + r, p.n - 1) * p.k);
+  uint4 w[kRowsPerWarp][kChunks<kTokens>];
+  auto load_tile = [&](int64_t base) {
+#pragma unroll
+    for (int r = 0; r < kRowsPerWarp; ++r)
+#pragma unroll
+      for (int i = 0; i < kChunks<kTokens>; ++i) {
+        const int64_t c = base + i * 32 + lane;
+        w[r][i] = c < chunks ? __ldcs(rows[r] + c) : make_uint4(0, 0, 0, 0);
+      }
+  };
+  load_tile(0);  // constant data: before the wait
+  ptx::grid_dependency_wait();
+  ptx::launch_dependents();
+
+  // x's rows: each row's amax, then its codes' values.
+  const auto* x = static_cast<const __nv_bfloat16*>(p.x);
+#pragma unroll
+  for (int t = 0; t < kTokens; ++t) {
+    float amax = 0.0f;
+    for (int64_t k = threadIdx.x * 8; k < p.k; k += kThreads * 8) {
+      const uint4 raw = *reinterpret_cast<const uint4*>(x + t * p.k + k);
+      const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
+      float v[8];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {  // a BF16 is the upper half of its fp32 value
+        v[2 * j] = __uint_as_float(words[j] << 16);
+        v[2 * j + 1] = __uint_as_float(words[j] & 0xFFFF0000u);
+      }
+#pragma unroll
+      for (int j = 0; j < 8; ++j) amax = fmaxf(amax, fabsf(v[j]));
+      *reinterpret_cast<float4*>(xq + t * kp + xq_index(k)) = make_float4(v[0], v[1], v[2], v[3]);
+      *reinterpret_cast<float4*>(xq + t * kp + xq_index(k + 4)) = make_float4(v[4], v[5], v[6], v[7]);
+    }
+    for (int o = 16; o > 0; o /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, o));
+    if (lane == 0) partial[warp][t] = amax;
+  }
+  __syncthreads();
+  if (threadIdx.x < kTokens) {
+    const int t = static_cast<int>(threadIdx.x);
+    float amax = 0.0f;
+    for (int i = 0; i < kWarps; ++i) amax = fmaxf(amax, partial[i][t]);
+    scale[t] = p.amax_in != nullptr     ? fmaxf(p.amax_in[t], 1e-12f) / 448.0f
+               : p.static_scale > 0.0f ? p.static_scale
+                                       : fmaxf(amax, 1e-12f) / 448.0f;
+  }
+  __syncthreads();
+#pragma unroll
+  for (int t = 0; t < kTokens; ++t)
+    for (int64_t k = threadIdx.x; k < p.k; k += kThreads) {
+      float& v = xq[t * kp + xq_index(k)];
+      const __nv_fp8_storage_t q = __nv_cvt_float_to_fp8(v / scale[t], __NV_SATFINITE, __NV_E4M3);
+      v = __half2float(__half(__nv_cvt_fp8_to_halfraw(q, __NV_E4M3)));
+    }
+  __syncthreads();
+
+  float acc[kRowsPerWarp][kTokens] = {};
+  for (int64_t base = 0; base < chunks; base += kChunks<kTokens> * 32) {
+    if (base > 0) load_tile(base);
+#pragma unroll
+    for (int i = 0; i < kChunks<kTokens>; ++i) {
+      const int64_t c = base + i * 32 + lane;
+      if (c >= chunks) continue;  // zero weights there; the shared memory past K is not written
+      const auto* quarters = reinterpret_cast<const float4*>(xq) + (c / 32) * 4 * 32 + c % 32;
+#pragma unroll
+      for (int r = 0; r < kRowsPerWarp; ++r) {
+        float wf[16];
+        decode16(w[r][i], wf);
+#pragma unroll
+        for (int t = 0; t < kTokens; ++t)
+#pragma unroll
+          for (int q = 0; q < 4; ++q) {
+            const float4 xv = quarters[t * kp / 4 + q * 32];
+            acc[r][t] = fmaf(wf[4 * q], xv.x, acc[r][t]);
+            acc[r][t] = fmaf(wf[4 * q + 1], xv.y, acc[r][t]);
+            acc[r][t] = fmaf(wf[4 * q + 2], xv.z, acc[r][t]);
+            acc[r][t] = fmaf(wf[4 * q + 3], xv.w, acc[r][t]);
+          }
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < kRowsPerWarp; ++r)
+#pragma unroll
+    for (int t = 0; t < kTokens; ++t) {
+      float sum = acc[r][t];
+      for (int o = 16; o > 0; o /= 2) sum += __shfl_xor_sync(0xFFFFFFFFu, sum, o);
+      const int64_t n = n0 + r;
+      if (lane != 0 || n >= p.n) continue;
+      const float y = sum * scale[t] * p.w_scale[n];  // in the scaling pass's order (linear.cu)
+      if (p.out_f32)
+        static_cast<float*>(p.out)[t * p.n + n] = y;
+      else
+        static_cast<__nv_bfloat16*>(p.out)[t * p.n + n] = __float2bfloat16_rn(y);
+    }
+}
+
+template <int kTokens>
+void launch(const Fp8GemvArgs& p, cudaStream_t stream) {
+  const auto smem = static_cast<int>(kTokens * padded_k(p.k) * sizeof(float));
+  allow_dynamic_smem(reinterpret_cast<const void*>(fp8_gemv_kernel<kTokens>), smem);
+  const int64_t rows_per_block = int64_t{kWarps} * kRowsPerWarp;
+  launch_kernel(fp8_gemv_kernel<kTokens>, static_cast<unsigned>((p.n + rows_per_block - 1) / rows_per_block),
+                kThreads, smem, stream, p);
+  cuda_check(cudaGetLastError());
+}
+
+}  // namespace
+
+bool fp8_gemv_supported(int64_t tokens, int64_t k) {
+  return tokens >= 1 && tokens <= kFp8GemvMaxTokens && k % 16 == 0 &&
+         tokens * padded_k(k) * static_cast<int64_t>(sizeof(float)) <= kMaxSmemBytes;
+}
+
+void fp8_gemv(const Fp8GemvArgs& p, cudaStream_t stream) {
+  check(fp8_gemv_supported(p.tokens, p.k) && p.n >= 1, "fp8_gemv: ", p.tokens, " tokens, K ", p.k,
+        " are not supported");
+  check(reinterpret_cast<std::uintptr_t>(p.w) % 16 == 0 && reinterpret_cast<std::uintptr_t>(p.x) % 16 == 0,
+        "fp8_gemv: the weights or x are not 16-byte aligned");
+  switch (p.tokens) {
+    case 1: return launch<1>(p, stream);
+    case 2: return launch<2>(p, stream);
+    case 3: return launch<3>(p, stream);
+    default: return launch<4>(p, stream);
+  }
+}
+
+}  // namespace nibble::cuda
