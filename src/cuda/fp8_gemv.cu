@@ -164,7 +164,8 @@ __global__ void __launch_bounds__(kThreads) fp8_gemv_kernel(const __grid_constan
 template <int kTokens>
 void launch(const Fp8GemvArgs& p, cudaStream_t stream) {
   const auto smem = static_cast<int>(kTokens * padded_k(p.k) * sizeof(float));
-  allow_dynamic_smem(reinterpret_cast<const void*>(fp8_gemv_kernel<kTokens>), smem);
+  // The limit is set once per kernel and device (kernel_attributes.h): the largest any K needs.
+  allow_dynamic_smem(reinterpret_cast<const void*>(fp8_gemv_kernel<kTokens>), static_cast<int>(kMaxSmemBytes));
   const int64_t rows_per_block = int64_t{kWarps} * kRowsPerWarp;
   launch_kernel(fp8_gemv_kernel<kTokens>, static_cast<unsigned>((p.n + rows_per_block - 1) / rows_per_block),
                 kThreads, smem, stream, p);

@@ -4,6 +4,8 @@
 #include <cuda_bf16.h>
 
 #include <cfloat>
+#include <cstdlib>
+#include <string_view>
 
 #include "cuda/cuda_check.h"
 #include "cuda/launch.h"
@@ -268,14 +270,32 @@ __global__ void __launch_bounds__(kLogitWarps * 32) route_topk_group_kernel(cons
   }
   __syncthreads();  // the token's logits written (global memory, read back by warp 0)
   if (warp == 0) topk_token(p, t, lane);
-  __threadfence();  // this block's top-k visible to the grid before it counts itself done
-  __syncthreads();
-  if (threadIdx.x == 0) last = atomicAdd(a.group.blocks_done, 1u) == gridDim.x - 1;
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
-  if (threadIdx.x == 0) *a.group.blocks_done = 0;
+  if (gridDim.x > 1) {  // one token: its block is the last
+    __threadfence();      // this block's top-k visible to the grid before it counts itself done
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(a.group.blocks_done, 1u) == gridDim.x - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    if (threadIdx.x == 0) *a.group.blocks_done = 0;
+  }
+  __syncthreads();  // the top-k ids written (global memory, read back by this block)
   group_pairs(a.group, counts, cursor, warp_counts);
+}
+
+// Few tokens of at most kLogitWarps experts can take either one-launch kernel; NIBBLE_ROUTE=cluster or
+// counted picks one for every size it takes (timing experiments: RouteAndGroup.Timing); by default the
+// cluster kernel up to kMaxFusedPairs pairs.
+enum class RouteKernel { kAuto, kCluster, kCounted };
+RouteKernel route_kernel_setting() {
+  static const RouteKernel setting = [] {
+    const char* v = std::getenv("NIBBLE_ROUTE");
+    const std::string_view name = v != nullptr ? v : "";
+    check(name.empty() || name == "auto" || name == "cluster" || name == "counted",
+          "NIBBLE_ROUTE must be auto, cluster or counted, not ", name);
+    return name == "cluster" ? RouteKernel::kCluster : name == "counted" ? RouteKernel::kCounted : RouteKernel::kAuto;
+  }();
+  return setting;
 }
 
 }  // namespace
@@ -295,7 +315,9 @@ void route_and_group(const RouteArgs& route, const GroupArgs& group, cudaStream_
   check(route.top_k >= 1 && route.top_k <= kMaxTopK && route.top_k <= route.experts, "route_and_group: top_k ",
         route.top_k);
   check(route.hidden % 8 == 0, "route_and_group: hidden size ", route.hidden, " is not a multiple of 8");
-  if (route.tokens * route.experts > kMaxFusedPairs)
+  const bool fits_cluster = route.tokens * route.experts <= kMaxFusedPairs;
+  const RouteKernel setting = route_kernel_setting();
+  if (!fits_cluster || (counted && setting == RouteKernel::kCounted))
     return launch_kernel(route_topk_group_kernel, static_cast<unsigned>(route.tokens), kLogitWarps * 32, 0, stream,
                          RouteGroupArgs{.route = route, .group = group});
   launch_kernel_with({cluster_shape(kRouteCluster)}, route_group_kernel, kRouteCluster, kRouteThreads, 0, stream,

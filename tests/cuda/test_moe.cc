@@ -12,6 +12,8 @@
 
 #include "core/fp8.h"
 #include "cpu/cpu_ops.h"
+#include "cuda/cuda_check.h"
+#include "cuda/device.h"
 #include "cuda/moe.h"
 #include "cuda/moe_bf16.h"
 #include "cuda/moe_dequant.h"
@@ -570,6 +572,58 @@ float host_activate(Activation act, float x) {
       return 0.5f * x * (1.0f + std::tanh(0.7978845608028654f * (x + 0.044715f * x * x * x)));
   }
   return x;
+}
+
+// Routing and grouping as decode runs it (20 calls recorded in a CUDA graph, replayed): µs a call.
+// Run it under NIBBLE_ROUTE=cluster and =counted (scripts/gpu-check) to compare the one-launch kernels.
+TEST(RouteAndGroup, Timing) {
+  SKIP_WITHOUT_GPU();
+  struct Case {
+    const char* name;
+    int64_t E, H, T, K;
+  };
+  for (const Case c : {Case{"Mixtral", 8, 4096, 1, 2}, Case{"Mixtral", 8, 4096, 4, 2},
+                       Case{"Mixtral", 8, 4096, 16, 2}, Case{"Mixtral", 8, 4096, 32, 2},
+                       Case{"Grok-1", 8, 6144, 1, 2}, Case{"DeepSeek-V3", 256, 7168, 1, 8}}) {
+    const Tensor d_x = cuda::upload(to_bf16(random_f32({c.T, c.H}, 31)));
+    const Tensor d_router = cuda::upload(to_bf16(random_f32({c.E, c.H}, 32, 0.05f)));
+    Tensor done = cuda::upload(Tensor::zeros(DType::kI32, {1}));
+    Tensor logits = cuda::empty(DType::kF32, {c.T, c.E}), ids = cuda::empty(DType::kI32, {c.T, c.K});
+    Tensor weights = cuda::empty(DType::kF32, {c.T, c.K}), offsets = cuda::empty(DType::kI32, {c.E + 1});
+    Tensor active = cuda::empty(DType::kI32, {c.E + 1}), sorted = cuda::empty(DType::kI32, {c.T * c.K});
+    Tensor pos = cuda::empty(DType::kI32, {c.T * c.K});
+    const cuda::RouteArgs r{.x = d_x.raw(), .router = d_router.raw(), .logits = logits.data<float>(),
+                            .topk_ids = ids.data<int32_t>(), .topk_weights = weights.data<float>(), .tokens = c.T,
+                            .hidden = c.H, .experts = c.E, .top_k = c.K};
+    const cuda::GroupArgs g{.topk_ids = ids.data<int32_t>(), .expert_offsets = offsets.data<int32_t>(),
+                            .active_experts = active.data<int32_t>(), .sorted_tokens = sorted.data<int32_t>(),
+                            .row_pos = pos.data<int32_t>(), .tokens = c.T, .experts = c.E, .top_k = c.K,
+                            .blocks_done = reinterpret_cast<uint32_t*>(done.data<int32_t>())};
+    cudaStream_t stream = cuda::compute_stream();
+    constexpr int kCalls = 20, kReplays = 20;
+    cudaGraph_t graph = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    cuda_check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    for (int i = 0; i < kCalls; ++i) cuda::route_and_group(r, g, stream);
+    cuda_check(cudaStreamEndCapture(stream, &graph));
+    cuda_check(cudaGraphInstantiate(&exec, graph, 0));
+    cuda_check(cudaGraphLaunch(exec, stream));
+    cudaEvent_t start, stop;
+    cuda_check(cudaEventCreate(&start));
+    cuda_check(cudaEventCreate(&stop));
+    cuda_check(cudaEventRecord(start, stream));
+    for (int i = 0; i < kReplays; ++i) cuda_check(cudaGraphLaunch(exec, stream));
+    cuda_check(cudaEventRecord(stop, stream));
+    cuda_check(cudaEventSynchronize(stop));
+    float ms = 0;
+    cuda_check(cudaEventElapsedTime(&ms, start, stop));
+    std::cout << "route and group " << c.name << " (E " << c.E << ", H " << c.H << ", top-" << c.K << "), " << c.T
+              << " tokens: " << 1000.0 * ms / (kCalls * kReplays) << " us a call\n";
+    cuda_check(cudaEventDestroy(start));
+    cuda_check(cudaEventDestroy(stop));
+    cuda_check(cudaGraphExecDestroy(exec));
+    cuda_check(cudaGraphDestroy(graph));
+  }
 }
 
 TEST(ActivationQuantize, MatchesHostDefinition) {
