@@ -1,12 +1,16 @@
 // Split-KV paged decode attention on the tensor cores (attention_decode.h).
 #include "cuda/attention_decode.h"
 
+#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 
 #include <algorithm>
 #include <cfloat>
 #include <cstdlib>
+#include <map>
+#include <mutex>
+#include <string_view>
 #include <type_traits>
 
 #include "cuda/attention_mma.cuh"
@@ -22,6 +26,7 @@ using attention_mma::fp8x2_to_f16x2;
 using attention_mma::mma;
 using attention_mma::pack2;
 
+namespace cg = cooperative_groups;
 using bf16 = __nv_bfloat16;
 constexpr int kHeadDim = 128;
 constexpr int kWarps = 4;
@@ -52,11 +57,16 @@ struct DecodeArgs {
 // order of our choosing: thread (g = lane / 4, t = lane % 4) loads dims [32t, 32t + 32) of its key for
 // Q·Kᵀ (k-step j: dims 32t + 4j .. + 3) and, for Vᵀ, dims 32b + 4g .. + 3 of four keys; Oᵀ's row r of
 // m-tile i is dim 32·(i / 2) + 4·(r % 8) + 2·(i % 2) + r / 8.
-template <bool kFp8>
+// kClusterMerge: the grid's x (the slices) is one thread-block cluster, whose blocks merge their slices
+// through distributed shared memory and write the output, where otherwise each writes its slice to
+// part_acc and part_ml for merge_kernel.
+template <bool kFp8, bool kClusterMerge>
 __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant__ DecodeArgs a) {
   constexpr int kElemBytes = kFp8 ? 1 : 2;
   __shared__ float m_w[kWarps][kMaxGroup], l_w[kWarps][kMaxGroup];
   __shared__ float acc_w[kWarps][kMaxGroup][kHeadDim];
+  __shared__ float slice_acc[kClusterMerge ? kMaxGroup : 1][kHeadDim];  // this block's slice, merged
+  __shared__ float slice_m[kMaxGroup], slice_l[kMaxGroup];
   ptx::grid_dependency_wait();
   ptx::launch_dependents();
   const int sp = blockIdx.x, kh = blockIdx.y, s = blockIdx.z;
@@ -221,12 +231,40 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
       num += f * acc_w[w][h][d];
       den += f * l_w[w][h];
     }
-    const int64_t part = (int64_t{s} * a.heads + int64_t{kh} * G + h) * a.splits + sp;
-    a.part_acc[part * kHeadDim + d] = num;
-    if (d == 0) {
-      a.part_ml[2 * part] = den > 0.0f ? mm : -FLT_MAX;
-      a.part_ml[2 * part + 1] = den;
+    if constexpr (kClusterMerge) {
+      slice_acc[h][d] = num;
+      if (d == 0) slice_m[h] = den > 0.0f ? mm : -FLT_MAX, slice_l[h] = den;
+    } else {
+      const int64_t part = (int64_t{s} * a.heads + int64_t{kh} * G + h) * a.splits + sp;
+      a.part_acc[part * kHeadDim + d] = num;
+      if (d == 0) {
+        a.part_ml[2 * part] = den > 0.0f ? mm : -FLT_MAX;
+        a.part_ml[2 * part + 1] = den;
+      }
     }
+  }
+  if constexpr (kClusterMerge) {
+    // Block r of the cluster merges the outputs r, r + C, ... of the group's (head, dim) pairs over every
+    // block's slice, as merge_kernel does.
+    cg::cluster_group cluster = cg::this_cluster();
+    cluster.sync();  // every slice in its block's shared memory
+    const int C = static_cast<int>(cluster.num_blocks()), r = static_cast<int>(cluster.block_rank());
+    for (int i = r * kThreads + threadIdx.x; i < G * kHeadDim; i += C * kThreads) {
+      const int h = i / kHeadDim, d = i % kHeadDim;
+      float mm = -FLT_MAX;
+      for (int b = 0; b < C; ++b) mm = fmaxf(mm, *cluster.map_shared_rank(&slice_m[h], b));
+      float num = 0.0f, den = 0.0f;
+      for (int b = 0; b < C; ++b) {
+        const float l = *cluster.map_shared_rank(&slice_l[h], b);
+        if (l == 0.0f) continue;
+        const float w = __expf(*cluster.map_shared_rank(&slice_m[h], b) - mm);
+        num += w * *cluster.map_shared_rank(&slice_acc[h][d], b);
+        den += w * l;
+      }
+      a.out[int64_t{s} * a.heads * kHeadDim + (int64_t{kh} * G + h) * kHeadDim + d] =
+          __float2bfloat16_rn(den > 0.0f ? num / den * a.v_scale : 0.0f);
+    }
+    cluster.sync();  // no block leaves while another reads its shared memory
   }
 }
 
@@ -264,6 +302,46 @@ __global__ void __launch_bounds__(kHeadDim) merge_kernel(const __grid_constant__
       __float2bfloat16_rn(den > 0.0f ? num / den * a.v_scale : 0.0f);
 }
 
+// Whether the slices merge inside a cluster (decode_kernel's kClusterMerge) or in merge_kernel:
+// NIBBLE_DECODE_MERGE=cluster or kernel; by default the cluster, for contexts up to kClusterMaxKeys.
+constexpr int64_t kClusterMaxKeys = 8192;
+bool cluster_merge_wanted(int64_t max_seq_len) {
+  static const int setting = [] {
+    const char* v = std::getenv("NIBBLE_DECODE_MERGE");
+    const std::string_view name = v != nullptr ? v : "";
+    check(name.empty() || name == "cluster" || name == "kernel", "NIBBLE_DECODE_MERGE must be cluster or kernel, not ",
+          name);
+    return name == "cluster" ? 1 : name == "kernel" ? 0 : -1;
+  }();
+  return setting == 1 || (setting == -1 && max_seq_len <= kClusterMaxKeys);
+}
+
+// The most slices a cluster of decode_kernel<kFp8, true> takes on this device: 16 (a non-portable
+// cluster size) where the device can hold such a cluster, else 8.
+template <bool kFp8>
+int max_cluster_slices() {
+  static std::mutex mutex;
+  static std::map<int, int> by_device;
+  int device = 0;
+  cuda_check(cudaGetDevice(&device));
+  std::lock_guard lock(mutex);
+  auto [it, fresh] = by_device.try_emplace(device, 8);
+  if (fresh) {
+    auto* kernel = decode_kernel<kFp8, true>;
+    cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+    cudaLaunchConfig_t config{};
+    config.gridDim = dim3(16, 1, 1);
+    config.blockDim = dim3(kThreads, 1, 1);
+    cudaLaunchAttribute cluster = cluster_shape(16);
+    config.attrs = &cluster;
+    config.numAttrs = 1;
+    int clusters = 0;
+    if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &config) == cudaSuccess && clusters > 0) it->second = 16;
+    cudaGetLastError();  // a refused query leaves its error behind
+  }
+  return it->second;
+}
+
 }  // namespace
 
 bool attention_decode_supported(const ForwardBatch& batch, const AttentionParams& params) {
@@ -282,15 +360,18 @@ void attention_decode(const Tensor& qkv, const KvCacheLayer& cache, KvCacheDType
   // wave evens out SMs that hold more blocks than others).
   int per_sm = 0;
   cuda_check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-      &per_sm, fp8 ? decode_kernel<true> : decode_kernel<false>, kThreads, 0));
+      &per_sm, fp8 ? decode_kernel<true, false> : decode_kernel<false, false>, kThreads, 0));
   const int64_t slots = int64_t{std::max(per_sm, 1)} * multiprocessor_count();
   const int64_t pairs = S * params.num_kv_heads;
-  const int splits = static_cast<int>(std::clamp<int64_t>((2 * slots + pairs - 1) / pairs, 1, kMaxSplits));
-  Tensor part_acc = empty(DType::kF32, {S, Hq, splits, kHeadDim});
-  Tensor part_ml = empty(DType::kF32, {S, Hq, splits, 2});
+  int splits = static_cast<int>(std::clamp<int64_t>((2 * slots + pairs - 1) / pairs, 1, kMaxSplits));
+  const bool cluster = cluster_merge_wanted(batch.max_seq_len);
+  if (cluster) splits = std::min(splits, fp8 ? max_cluster_slices<true>() : max_cluster_slices<false>());
+  Tensor part_acc = cluster ? Tensor() : empty(DType::kF32, {S, Hq, splits, kHeadDim});
+  Tensor part_ml = cluster ? Tensor() : empty(DType::kF32, {S, Hq, splits, 2});
   const DecodeArgs a{.qkv = qkv.data<bf16>(), .k_cache = cache.k.raw(), .v_cache = cache.v.raw(),
                      .block_tables = batch.block_tables.data<int32_t>(), .seq_lens = batch.seq_lens.data<int32_t>(),
-                     .part_acc = part_acc.data<float>(), .part_ml = part_ml.data<float>(), .out = out.data<bf16>(),
+                     .part_acc = cluster ? nullptr : part_acc.data<float>(),
+                     .part_ml = cluster ? nullptr : part_ml.data<float>(), .out = out.data<bf16>(),
                      .width = qkv.dim(1), .max_blocks = batch.block_tables.dim(1), .block_size = cache.k.dim(1),
                      .heads = static_cast<int>(Hq), .kv_heads = static_cast<int>(params.num_kv_heads),
                      .group = static_cast<int>(Hq / params.num_kv_heads), .splits = splits,
@@ -298,10 +379,18 @@ void attention_decode(const Tensor& qkv, const KvCacheLayer& cache, KvCacheDType
                      .q_scale = params.softmax_scale * (fp8 ? params.k_scale : 1.0f),
                      .logit_softcap = params.logit_softcap, .v_scale = fp8 ? params.v_scale : 1.0f};
   const dim3 grid(static_cast<unsigned>(splits), static_cast<unsigned>(params.num_kv_heads), static_cast<unsigned>(S));
+  if (cluster) {
+    const unsigned shape = static_cast<unsigned>(splits);
+    if (fp8)
+      launch_kernel_with({cluster_shape(shape)}, decode_kernel<true, true>, grid, kThreads, 0, stream, a);
+    else
+      launch_kernel_with({cluster_shape(shape)}, decode_kernel<false, true>, grid, kThreads, 0, stream, a);
+    return cuda_check(cudaGetLastError());
+  }
   if (fp8)
-    launch_kernel(decode_kernel<true>, grid, kThreads, 0, stream, a);
+    launch_kernel(decode_kernel<true, false>, grid, kThreads, 0, stream, a);
   else
-    launch_kernel(decode_kernel<false>, grid, kThreads, 0, stream, a);
+    launch_kernel(decode_kernel<false, false>, grid, kThreads, 0, stream, a);
   cuda_check(cudaGetLastError());
   launch_kernel(merge_kernel, dim3(static_cast<unsigned>(S), static_cast<unsigned>(Hq)), kHeadDim, 0, stream, a);
   cuda_check(cudaGetLastError());

@@ -284,8 +284,9 @@ __global__ void __launch_bounds__(kLogitWarps * 32) route_topk_group_kernel(cons
 }
 
 // Few tokens of at most kLogitWarps experts can take either one-launch kernel; NIBBLE_ROUTE=cluster or
-// counted picks one for every size it takes (timing experiments: RouteAndGroup.Timing); by default the
-// cluster kernel up to kMaxFusedPairs pairs.
+// counted picks one for every size it takes; by default the counted kernel. Measured on an H200
+// (bench/RESULTS.md, 2026-11-30, RouteAndGroup.Timing, graph-replayed µs a call, cluster / counted):
+// Mixtral 1 token 7.99 / 6.65, 4 tokens 8.01 / 7.68, 16 and 32 tokens equal; Grok-1 1 token 8.79 / 7.38.
 enum class RouteKernel { kAuto, kCluster, kCounted };
 RouteKernel route_kernel_setting() {
   static const RouteKernel setting = [] {
@@ -317,7 +318,7 @@ void route_and_group(const RouteArgs& route, const GroupArgs& group, cudaStream_
   check(route.hidden % 8 == 0, "route_and_group: hidden size ", route.hidden, " is not a multiple of 8");
   const bool fits_cluster = route.tokens * route.experts <= kMaxFusedPairs;
   const RouteKernel setting = route_kernel_setting();
-  if (!fits_cluster || (counted && setting == RouteKernel::kCounted))
+  if (!fits_cluster || (counted && setting != RouteKernel::kCluster))
     return launch_kernel(route_topk_group_kernel, static_cast<unsigned>(route.tokens), kLogitWarps * 32, 0, stream,
                          RouteGroupArgs{.route = route, .group = group});
   launch_kernel_with({cluster_shape(kRouteCluster)}, route_group_kernel, kRouteCluster, kRouteThreads, 0, stream,

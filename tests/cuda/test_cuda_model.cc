@@ -577,69 +577,73 @@ TEST(CudaOpsTwin, RopeAttentionFusesExactly) {
 
 // The split-KV decode kernel (one token per sequence, head_dim 128): GQA groups of 4 and 6, with and
 // without the soft-cap, contexts from 1 to past several 128-key tiles, blocks scattered over the cache.
+// Contexts up to 1000 merge the slices in a cluster; one of 9000 keys takes the merge kernel.
 TEST(CudaOpsTwin, DecodeAttention) {
   SKIP_WITHOUT_GPU();
   CpuOps cpu;
   cuda::CudaOps gpu;
-  const int64_t D = 128, block = 16, blocks = 200;
-  const std::vector<int32_t> lens{1, 17, 129, 300, 1000, 2};
-  const auto S = static_cast<int64_t>(lens.size());
-  for (const int64_t group : {4, 6})
-    for (const float softcap : {0.0f, 30.0f})
-      for (const KvCacheDType dtype : {KvCacheDType::kBf16, KvCacheDType::kFp8E4M3}) {
-        const int64_t kv_heads = 2, heads = group * kv_heads, width = (heads + 2 * kv_heads) * D;
-        const AttentionParams p{.num_heads = heads, .num_kv_heads = kv_heads, .head_dim = D,
-                                .softmax_scale = 0.088f, .k_scale = 0.05f, .v_scale = 0.02f, .logit_softcap = softcap};
-        // Fill the caches with random history through the CPU twin's own rounding (stored values).
-        const DType storage = kv_storage_dtype(dtype);
-        const Tensor k_host = to_bf16(random_f32({blocks, block, kv_heads, D}, 31, 0.05f));
-        const Tensor v_host = to_bf16(random_f32({blocks, block, kv_heads, D}, 32, 0.02f));
-        KvCacheLayer cpu_cache{.k = cpu.empty(storage, k_host.shape()), .v = cpu.empty(storage, v_host.shape())};
-        for (int64_t i = 0; i < k_host.numel(); ++i) {
-          const float k = bf16_to_float(k_host.data<Bf16>()[i]), v = bf16_to_float(v_host.data<Bf16>()[i]);
-          if (dtype == KvCacheDType::kFp8E4M3) {
-            cpu_cache.k.data<uint8_t>()[i] = float_to_fp8_e4m3(k / p.k_scale);
-            cpu_cache.v.data<uint8_t>()[i] = float_to_fp8_e4m3(v / p.v_scale);
-          } else {
-            cpu_cache.k.data<Bf16>()[i] = k_host.data<Bf16>()[i];
-            cpu_cache.v.data<Bf16>()[i] = v_host.data<Bf16>()[i];
+  const int64_t D = 128, block = 16, blocks = 700;
+  for (const std::vector<int32_t>& lens :
+       {std::vector<int32_t>{1, 17, 129, 300, 1000, 2}, std::vector<int32_t>{9000, 5}})
+    for (const int64_t group : {4, 6})
+      for (const float softcap : {0.0f, 30.0f})
+        for (const KvCacheDType dtype : {KvCacheDType::kBf16, KvCacheDType::kFp8E4M3}) {
+          const auto S = static_cast<int64_t>(lens.size());
+          const int32_t max_len = *std::max_element(lens.begin(), lens.end());
+          const int64_t kv_heads = 2, heads = group * kv_heads, width = (heads + 2 * kv_heads) * D;
+          const AttentionParams p{.num_heads = heads, .num_kv_heads = kv_heads, .head_dim = D,
+                                  .softmax_scale = 0.088f, .k_scale = 0.05f, .v_scale = 0.02f,
+                                  .logit_softcap = softcap};
+          // Fill the caches with random history through the CPU twin's own rounding (stored values).
+          const DType storage = kv_storage_dtype(dtype);
+          const Tensor k_host = to_bf16(random_f32({blocks, block, kv_heads, D}, 31, 0.05f));
+          const Tensor v_host = to_bf16(random_f32({blocks, block, kv_heads, D}, 32, 0.02f));
+          KvCacheLayer cpu_cache{.k = cpu.empty(storage, k_host.shape()), .v = cpu.empty(storage, v_host.shape())};
+          for (int64_t i = 0; i < k_host.numel(); ++i) {
+            const float k = bf16_to_float(k_host.data<Bf16>()[i]), v = bf16_to_float(v_host.data<Bf16>()[i]);
+            if (dtype == KvCacheDType::kFp8E4M3) {
+              cpu_cache.k.data<uint8_t>()[i] = float_to_fp8_e4m3(k / p.k_scale);
+              cpu_cache.v.data<uint8_t>()[i] = float_to_fp8_e4m3(v / p.v_scale);
+            } else {
+              cpu_cache.k.data<Bf16>()[i] = k_host.data<Bf16>()[i];
+              cpu_cache.v.data<Bf16>()[i] = v_host.data<Bf16>()[i];
+            }
           }
+          KvCacheLayer gpu_cache{.k = gpu.upload(cpu_cache.k), .v = gpu.upload(cpu_cache.v)};
+          // Block tables: a random permutation of the cache.
+          std::vector<int32_t> perm(blocks);
+          std::iota(perm.begin(), perm.end(), 0);
+          std::shuffle(perm.begin(), perm.end(), std::mt19937(7));
+          const int64_t width_blocks = (max_len + block - 1) / block;
+          std::vector<int32_t> tables, positions, slots, query_start{0}, seq_lens;
+          int next = 0;
+          for (int64_t s = 0; s < S; ++s) {
+            std::vector<int32_t> row(width_blocks, 0);
+            const int32_t n = (lens[s] + block - 1) / block;
+            for (int32_t b = 0; b < n; ++b) row[b] = perm[next++];
+            tables.insert(tables.end(), row.begin(), row.end());
+            const int32_t pos = lens[s] - 1;
+            positions.push_back(pos);
+            slots.push_back(static_cast<int32_t>(row[pos / block] * block + pos % block));
+            query_start.push_back(static_cast<int32_t>(s + 1));
+            seq_lens.push_back(lens[s]);
+          }
+          const Pair qkv = random_activations({S, width}, 33);
+          auto batch_on = [&](Ops& ops) {
+            return ForwardBatch{.num_tokens = S, .num_seqs = S, .token_ids = ops.upload(i32(std::vector<int32_t>(S))),
+                                .positions = ops.upload(i32(positions)), .query_start = ops.upload(i32(query_start)),
+                                .seq_lens = ops.upload(i32(seq_lens)),
+                                .block_tables = ops.upload(i32(tables).reshape({S, width_blocks})),
+                                .slot_mapping = ops.upload(i32(slots)), .logit_rows = ops.upload(i32({0})),
+                                .max_query_len = 1, .max_seq_len = max_len};
+          };
+          Tensor cpu_out = cpu.empty(DType::kF32, {S, heads * D});
+          Tensor gpu_out = testing::poisoned(DType::kBF16, {S, heads * D});
+          cpu.attention(qkv.cpu, cpu_cache, dtype, batch_on(cpu), p, cpu_out);
+          gpu.attention(qkv.cuda, gpu_cache, dtype, batch_on(gpu), p, gpu_out);
+          EXPECT_LE(compare(cpu_out, gpu_out), 5e-3) << "longest " << max_len << " group " << group << " softcap "
+                                                     << softcap << " fp8 " << (dtype == KvCacheDType::kFp8E4M3);
         }
-        KvCacheLayer gpu_cache{.k = gpu.upload(cpu_cache.k), .v = gpu.upload(cpu_cache.v)};
-        // Block tables: a random permutation of the cache, 63 blocks a sequence at most.
-        std::vector<int32_t> perm(blocks);
-        std::iota(perm.begin(), perm.end(), 0);
-        std::shuffle(perm.begin(), perm.end(), std::mt19937(7));
-        const int64_t width_blocks = 63;
-        std::vector<int32_t> tables, positions, slots, query_start{0}, seq_lens;
-        int next = 0;
-        for (int64_t s = 0; s < S; ++s) {
-          std::vector<int32_t> row(width_blocks, 0);
-          const int32_t n = (lens[s] + block - 1) / block;
-          for (int32_t b = 0; b < n; ++b) row[b] = perm[next++];
-          tables.insert(tables.end(), row.begin(), row.end());
-          const int32_t pos = lens[s] - 1;
-          positions.push_back(pos);
-          slots.push_back(static_cast<int32_t>(row[pos / block] * block + pos % block));
-          query_start.push_back(static_cast<int32_t>(s + 1));
-          seq_lens.push_back(lens[s]);
-        }
-        const Pair qkv = random_activations({S, width}, 33);
-        auto batch_on = [&](Ops& ops) {
-          return ForwardBatch{.num_tokens = S, .num_seqs = S, .token_ids = ops.upload(i32(std::vector<int32_t>(S))),
-                              .positions = ops.upload(i32(positions)), .query_start = ops.upload(i32(query_start)),
-                              .seq_lens = ops.upload(i32(seq_lens)),
-                              .block_tables = ops.upload(i32(tables).reshape({S, width_blocks})),
-                              .slot_mapping = ops.upload(i32(slots)), .logit_rows = ops.upload(i32({0})),
-                              .max_query_len = 1, .max_seq_len = 1000};
-        };
-        Tensor cpu_out = cpu.empty(DType::kF32, {S, heads * D});
-        Tensor gpu_out = testing::poisoned(DType::kBF16, {S, heads * D});
-        cpu.attention(qkv.cpu, cpu_cache, dtype, batch_on(cpu), p, cpu_out);
-        gpu.attention(qkv.cuda, gpu_cache, dtype, batch_on(gpu), p, gpu_out);
-        EXPECT_LE(compare(cpu_out, gpu_out), 5e-3)
-            << "group " << group << " softcap " << softcap << " fp8 " << (dtype == KvCacheDType::kFp8E4M3);
-      }
 }
 
 // One step of the prefill kernel's test: sequences given as (cached tokens, new tokens), their blocks a
