@@ -37,6 +37,10 @@ constexpr int kCoreBytes = 128;     // a wgmma core matrix: 8 rows × 16 bytes
 // 4 stages ahead cost 10-16% at 1-32 tokens, and 6 units per SM beat 12 and 24.
 constexpr int kPrefetchStages = 0;
 constexpr int kUnitsPerSm = 6;
+// With settled routing, stages past the first kStages whose weights L2 is asked for before the grid
+// dependency wait (the DRAM is otherwise idle while the kernel before finishes);
+// NIBBLE_MOE_EARLY_L2_STAGES overrides it (tuning).
+constexpr int kEarlyL2Stages = 4;
 // Timing experiments (bench/RESULTS.md): NIBBLE_MOE_LEAVE_OUT is a sum of what is left out: 1 the
 // consumers' math, 2 the activation copies, 4 the weight copies (wrong results; the time of the rest).
 enum LeaveOut : int { kNothing = 0, kMath = 1, kActivations = 2, kWeights = 4 };
@@ -213,14 +217,27 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
     }
   };
 
+  // Lanes below kWarps ask L2 for the weights of a cursor's stage, a consumer warp's tile each.
+  auto prefetch_weights = [&](const Cursor& c) {
+    if (lane < kWarps && c.group * kWarps + lane < tiles) {
+      const int first = c.kb_begin + c.stage * kBlocksPerStage;
+      const int nkb = min(kBlocksPerStage, c.kb_begin + c.kb_count - first);
+      ptx::prefetch_l2_bulk(weights_at(c, c.group * kWarps + lane, first),
+                            static_cast<uint32_t>(nkb * T::kWarpBlockBytes));
+    }
+  };
+
   if (warp == kWarps) {  // the producer
     // The block's first unit, resolved once (its lookups go to L2: each costs the pipeline's start).
     Cursor start{.unit = static_cast<int>(blockIdx.x)};
     walk.resolve(start, p);
-    // Settled routing: the first stages' weights are asked for while the kernel before finishes.
+    // Settled routing: the first stages' weights are asked for while the kernel before finishes, into
+    // the slots and then into L2.
     int early = 0;
     if (p.routing_settled) {
-      for (Cursor c = start; early < kStages && walk.valid(c); ++early, walk.advance(c, p)) copy_weights(c, early);
+      Cursor c = start;
+      for (; early < kStages && walk.valid(c); ++early, walk.advance(c, p)) copy_weights(c, early);
+      for (int s = 0; s < p.early_l2_stages && walk.valid(c); ++s, walk.advance(c, p)) prefetch_weights(c);
       ptx::grid_dependency_wait();
     }
     ptx::launch_dependents();
@@ -233,14 +250,9 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
     const uint8_t* act_src[T::kPairsPerLane];
     int act_dst[T::kPairsPerLane];
     Cursor load = start, ahead = start;
-    // Lanes 0-3 ask L2 for the weights of `ahead`'s stage, then `ahead` moves on.
+    // L2 is asked for the weights of `ahead`'s stage, then `ahead` moves on.
     auto prefetch_next = [&] {
-      if (lane < kWarps && ahead.group * kWarps + lane < tiles) {
-        const int first = ahead.kb_begin + ahead.stage * kBlocksPerStage;
-        const int nkb = min(kBlocksPerStage, ahead.kb_begin + ahead.kb_count - first);
-        ptx::prefetch_l2_bulk(weights_at(ahead, ahead.group * kWarps + lane, first),
-                              static_cast<uint32_t>(nkb * T::kWarpBlockBytes));
-      }
+      prefetch_weights(ahead);
       walk.advance(ahead, p);
     };
     for (int s = 0; prefetch > 0 && s < kStages + prefetch && walk.valid(ahead); ++s) prefetch_next();
@@ -552,10 +564,12 @@ void launch(const GemmW4A8Args& p, cudaStream_t stream) {
   const int64_t units = p.expert_slots * groups * p.splits;
   const auto grid = static_cast<unsigned>(grid_for(units, int64_t{multiprocessor_count()} * resident).blocks);
   static const int prefetch_stages = env_or("NIBBLE_MOE_PREFETCH_STAGES", kPrefetchStages);
+  static const int early_l2_stages = env_or("NIBBLE_MOE_EARLY_L2_STAGES", kEarlyL2Stages);
   static const int leave_out = env_or("NIBBLE_MOE_LEAVE_OUT", kNothing);
   static const bool evict_first = env_or("NIBBLE_MOE_EVICT_FIRST", 0) != 0;
   GemmW4A8Args args = p;
   args.prefetch_stages = prefetch_stages;
+  args.early_l2_stages = early_l2_stages;
   args.leave_out = leave_out;
   args.evict_first = evict_first;
   launch_kernel(kernel, grid, T::kThreads, kSmem, stream, args);

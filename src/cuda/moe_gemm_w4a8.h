@@ -64,6 +64,8 @@ struct GemmW4A8Args {
   int64_t expert_slots;         // grid size over experts: min(E, T·K)
   int64_t splits;               // K splits; each covers a multiple of 64
   int prefetch_stages = 0;      // set by the launch: L2 prefetch distance past the pipeline, in stages
+  int early_l2_stages = 0;      // set by the launch: stages past the pipeline asked of L2 before the
+                                // grid dependency wait (routing_settled only)
   int leave_out = 0;            // set by the launch (timing experiments only): a sum of 1 the tensor-core
                                 // math, 2 the activation copies, 4 the weight copies
   bool evict_first = false;     // set by the launch (NIBBLE_MOE_EVICT_FIRST, an experiment): the weights'
