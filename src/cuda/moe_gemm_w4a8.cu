@@ -38,9 +38,11 @@ constexpr int kCoreBytes = 128;     // a wgmma core matrix: 8 rows × 16 bytes
 constexpr int kPrefetchStages = 0;
 constexpr int kUnitsPerSm = 6;
 // With settled routing, stages past the first kStages whose weights L2 is asked for before the grid
-// dependency wait (the DRAM is otherwise idle while the kernel before finishes);
-// NIBBLE_MOE_EARLY_L2_STAGES overrides it (tuning).
-constexpr int kEarlyL2Stages = 4;
+// dependency wait; NIBBLE_MOE_EARLY_L2_STAGES overrides it (tuning). Measured on an H200
+// (bench/RESULTS.md, 2026-11-30, nibble-bench-moe, the MoE layer graph-replayed, µs at 0 / 4 / 8
+// stages): Mixtral 1 token 81.1 / 84.0 / 85.5, 32 tokens 237.8 / 239.3 / 242.0; Grok-1 tp 2 1 token
+// 110.6 / 113.8 / 116.4, 32 tokens 367.5 / 370.5 / 371.5. So none.
+constexpr int kEarlyL2Stages = 0;
 // Timing experiments (bench/RESULTS.md): NIBBLE_MOE_LEAVE_OUT is a sum of what is left out: 1 the
 // consumers' math, 2 the activation copies, 4 the weight copies (wrong results; the time of the rest).
 enum LeaveOut : int { kNothing = 0, kMath = 1, kActivations = 2, kWeights = 4 };
