@@ -1,6 +1,7 @@
-// The few-token FP8 linear (fp8_gemv.h). A warp takes two output channels; a lane holds 16-byte
-// chunks of both rows' weights (8 a row up to two tokens: 4 KB of a row a warp at once), the first loaded
-// before the grid dependency wait, so that the weights stream while the kernel before finishes.
+// The few-token FP8 linear (fp8_gemv.h). A warp takes kRows output channels (2 or 4); a lane holds
+// 16-byte chunks of every row's weights (16 / kRows a row up to two tokens, half that above: the
+// accumulators' registers), the first tile of them loaded before the grid dependency wait and the
+// rest of the rows asked of L2 then, so that the weights stream while the kernel before finishes.
 // Every block quantizes x's rows itself (as quantize_rows_kernel: the same scale and codes) into
 // shared memory as the codes' fp32 values, laid out so that the 32 lanes' reads of one chunk's four
 // 16-byte quarters are each one contiguous 512 bytes (no bank conflicts).
@@ -9,6 +10,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
+
+#include <cstdlib>
 
 #include "cuda/cuda_check.h"
 #include "cuda/kernel_attributes.h"
@@ -20,11 +23,11 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
-constexpr int kRowsPerWarp = 2;
-// 16-byte weight chunks a lane holds of each row: 8 (4 KB of a row a warp), 4 from 3 tokens (the
-// accumulators' registers).
-template <int kTokens>
-constexpr int kChunks = kTokens <= 2 ? 8 : 4;
+// The rows a warp takes unless Fp8GemvArgs or NIBBLE_GEMV_ROWS say (2 or 4).
+constexpr int kDefaultRows = 2;
+// 16-byte weight chunks a lane holds of each of its kRows rows.
+template <int kTokens, int kRows>
+constexpr int kChunks = (kTokens <= 2 ? 16 : 8) / kRows;
 constexpr int64_t kMaxSmemBytes = 160 * 1024;
 
 // Floats of shared memory a token: K rounded up to whole tiles of 32 chunks (512 values).
@@ -52,30 +55,34 @@ __device__ inline void decode16(const uint4 w, float (&f)[16]) {
   }
 }
 
-template <int kTokens>
+template <int kTokens, int kRows>
 __global__ void __launch_bounds__(kThreads) fp8_gemv_kernel(const __grid_constant__ Fp8GemvArgs p) {
+  constexpr int kTile = kChunks<kTokens, kRows>;
   extern __shared__ float4 smem[];
   auto* xq = reinterpret_cast<float*>(smem);  // (kTokens, padded K)
   __shared__ float partial[kWarps][kTokens];
   __shared__ float scale[kTokens];
   const int warp = static_cast<int>(threadIdx.x / 32), lane = static_cast<int>(threadIdx.x % 32);
   const int64_t chunks = p.k / 16, kp = padded_k(p.k);
-  const int64_t n0 = (int64_t{blockIdx.x} * kWarps + warp) * kRowsPerWarp;
-  const uint4* rows[kRowsPerWarp];
+  const int64_t n0 = (int64_t{blockIdx.x} * kWarps + warp) * kRows;
+  const uint4* rows[kRows];
 #pragma unroll
-  for (int r = 0; r < kRowsPerWarp; ++r)
+  for (int r = 0; r < kRows; ++r)
     rows[r] = reinterpret_cast<const uint4*>(p.w + min(n0 + r, p.n - 1) * p.k);
-  uint4 w[kRowsPerWarp][kChunks<kTokens>];
+  uint4 w[kRows][kTile];
   auto load_tile = [&](int64_t base) {
 #pragma unroll
-    for (int r = 0; r < kRowsPerWarp; ++r)
+    for (int r = 0; r < kRows; ++r)
 #pragma unroll
-      for (int i = 0; i < kChunks<kTokens>; ++i) {
+      for (int i = 0; i < kTile; ++i) {
         const int64_t c = base + i * 32 + lane;
         w[r][i] = c < chunks ? __ldcs(rows[r] + c) : make_uint4(0, 0, 0, 0);
       }
   };
-  load_tile(0);  // constant data: before the wait
+  load_tile(0);  // constant data: before the wait, and the rest of the rows into L2
+  if (lane < kRows && n0 + lane < p.n && int64_t{kTile} * 32 < chunks)
+    ptx::prefetch_l2_bulk(p.w + (n0 + lane) * p.k + int64_t{kTile} * 32 * 16,
+                          static_cast<uint32_t>((chunks - int64_t{kTile} * 32) * 16));
   ptx::grid_dependency_wait();
   ptx::launch_dependents();
 
@@ -120,16 +127,16 @@ __global__ void __launch_bounds__(kThreads) fp8_gemv_kernel(const __grid_constan
     }
   __syncthreads();
 
-  float acc[kRowsPerWarp][kTokens] = {};
-  for (int64_t base = 0; base < chunks; base += kChunks<kTokens> * 32) {
+  float acc[kRows][kTokens] = {};
+  for (int64_t base = 0; base < chunks; base += kTile * 32) {
     if (base > 0) load_tile(base);
 #pragma unroll
-    for (int i = 0; i < kChunks<kTokens>; ++i) {
+    for (int i = 0; i < kTile; ++i) {
       const int64_t c = base + i * 32 + lane;
       if (c >= chunks) continue;  // zero weights there; the shared memory past K is not written
       const auto* quarters = reinterpret_cast<const float4*>(xq) + (c / 32) * 4 * 32 + c % 32;
 #pragma unroll
-      for (int r = 0; r < kRowsPerWarp; ++r) {
+      for (int r = 0; r < kRows; ++r) {
         float wf[16];
         decode16(w[r][i], wf);
 #pragma unroll
@@ -146,7 +153,7 @@ __global__ void __launch_bounds__(kThreads) fp8_gemv_kernel(const __grid_constan
     }
   }
 #pragma unroll
-  for (int r = 0; r < kRowsPerWarp; ++r)
+  for (int r = 0; r < kRows; ++r)
 #pragma unroll
     for (int t = 0; t < kTokens; ++t) {
       float sum = acc[r][t];
@@ -161,15 +168,30 @@ __global__ void __launch_bounds__(kThreads) fp8_gemv_kernel(const __grid_constan
     }
 }
 
+template <int kTokens, int kRows>
+void launch_rows(const Fp8GemvArgs& p, cudaStream_t stream) {
+  const auto smem = static_cast<int>(kTokens * padded_k(p.k) * sizeof(float));
+  auto* kernel = fp8_gemv_kernel<kTokens, kRows>;
+  // The limit is set once per kernel and device (kernel_attributes.h): the largest any K needs.
+  allow_dynamic_smem(reinterpret_cast<const void*>(kernel), static_cast<int>(kMaxSmemBytes));
+  const int64_t rows_per_block = int64_t{kWarps} * kRows;
+  launch_kernel(kernel, static_cast<unsigned>((p.n + rows_per_block - 1) / rows_per_block), kThreads, smem, stream,
+                p);
+  cuda_check(cudaGetLastError());
+}
+
 template <int kTokens>
 void launch(const Fp8GemvArgs& p, cudaStream_t stream) {
-  const auto smem = static_cast<int>(kTokens * padded_k(p.k) * sizeof(float));
-  // The limit is set once per kernel and device (kernel_attributes.h): the largest any K needs.
-  allow_dynamic_smem(reinterpret_cast<const void*>(fp8_gemv_kernel<kTokens>), static_cast<int>(kMaxSmemBytes));
-  const int64_t rows_per_block = int64_t{kWarps} * kRowsPerWarp;
-  launch_kernel(fp8_gemv_kernel<kTokens>, static_cast<unsigned>((p.n + rows_per_block - 1) / rows_per_block),
-                kThreads, smem, stream, p);
-  cuda_check(cudaGetLastError());
+  static const int setting = [] {
+    const char* v = std::getenv("NIBBLE_GEMV_ROWS");
+    const int rows = v != nullptr && *v != '\0' ? std::atoi(v) : kDefaultRows;
+    check(rows == 2 || rows == 4, "NIBBLE_GEMV_ROWS must be 2 or 4, not ", rows);
+    return rows;
+  }();
+  const int rows = p.rows_per_warp > 0 ? p.rows_per_warp : setting;
+  check(rows == 2 || rows == 4, "fp8_gemv: ", rows, " rows a warp (2 or 4)");
+  if (rows == 4) return launch_rows<kTokens, 4>(p, stream);
+  launch_rows<kTokens, 2>(p, stream);
 }
 
 }  // namespace
