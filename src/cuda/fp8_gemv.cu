@@ -23,7 +23,11 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
-// The rows a warp takes unless Fp8GemvArgs or NIBBLE_GEMV_ROWS say (2 or 4).
+// The rows a warp takes unless Fp8GemvArgs or NIBBLE_GEMV_ROWS say (2 or 4). Measured on an H200
+// (bench/RESULTS.md, 2026-11-30): 4 rows took the linears alone faster (CudaOpsTwin.Fp8LinearTiming,
+// one token, µs a call, 2 / 4 rows: Mixtral qkv 9.97 / 8.46, o 6.70 / 6.47; Grok-1 qkv 18.0 / 13.8,
+// o 13.8 / 11.6), but Mixtral-8x7B W4A8 decode at batch 1 took 3.82 ms a step with 4 against 3.74
+// with 2, where the first wave of blocks holds whole rows before the grid dependency wait.
 constexpr int kDefaultRows = 2;
 // 16-byte weight chunks a lane holds of each of its kRows rows.
 template <int kTokens, int kRows>
