@@ -14,6 +14,7 @@
 #include "cuda/cuda_check.h"
 #include "cuda/launch.h"
 #include "cuda/ptx.cuh"
+#include "cuda/rope.cuh"
 #include "cuda/vec8.cuh"
 
 namespace nibble::cuda {
@@ -99,22 +100,8 @@ __global__ void __launch_bounds__(kRopeThreads)
     return store8_kv(p.v_cache, p.fp8, p.v_scale, slot * kv_width + (i - rope_items) * kVec, v);
   }
   const int64_t head = i / groups, j0 = i % groups * kVec;
-  const auto pos = static_cast<float>(p.positions[t]);
-  bf16* x = row + head * D + j0;
-  float x1[kVec], x2[kVec], freq[kVec];
-  load8(x, x1);
-  load8(x + half, x2);
-  load8(inv_freq + j0, freq);
-#pragma unroll
-  for (int j = 0; j < kVec; ++j) {
-    float s, c;
-    sincosf(pos * freq[j], &s, &c);
-    const float a = x1[j], b = x2[j];  // products rounded before the sum, as rope_kernel
-    x1[j] = __bfloat162float(__float2bfloat16_rn(__fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s))));
-    x2[j] = __bfloat162float(__float2bfloat16_rn(__fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s))));
-  }
-  store8(x, x1);
-  store8(x + half, x2);
+  float x1[kVec], x2[kVec];  // the stored (BF16) values, which the cache gets
+  rope_rotate8(row + head * D + j0, half, inv_freq + j0, static_cast<float>(p.positions[t]), x1, x2);
   if (head >= p.heads) {
     const int64_t at = slot * kv_width + (head - p.heads) * D + j0;
     store8_kv(p.k_cache, p.fp8, p.k_scale, at, x1);

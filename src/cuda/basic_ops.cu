@@ -12,6 +12,7 @@
 #include "cuda/cuda_check.h"
 #include "cuda/launch.h"
 #include "cuda/ptx.cuh"
+#include "cuda/rope.cuh"
 #include "cuda/vec8.cuh"
 
 namespace nibble::cuda {
@@ -126,23 +127,9 @@ __global__ void rope_kernel(bf16* qkv, const int32_t* positions, const float* in
   ptx::launch_dependents();
   if (index >= tokens * heads * groups) return;
   const int64_t t = index / (heads * groups), head = index / groups % heads, i = index % groups * kVec;
-  const auto pos = static_cast<float>(positions[t]);
-  bf16* x = qkv + t * width + head * head_dim + i;
-  float x1[kVec], x2[kVec], freq[kVec];
-  load8(x, x1);
-  load8(x + half, x2);
-  load8(inv_freq + i, freq);
-#pragma unroll
-  for (int j = 0; j < kVec; ++j) {
-    float s, c;
-    sincosf(pos * freq[j], &s, &c);
-    // Products rounded before the sum (no fused multiply-add), as the CPU twin computes them.
-    const float a = x1[j], b = x2[j];
-    x1[j] = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
-    x2[j] = __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s));
-  }
-  store8(x, x1);
-  store8(x + half, x2);
+  float x1[kVec], x2[kVec];
+  rope_rotate8(qkv + t * width + head * head_dim + i, half, inv_freq + i, static_cast<float>(positions[t]), x1,
+               x2);
 }
 
 bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }

@@ -3,18 +3,38 @@
 
 #include <gtest/gtest.h>
 
+#include <cuda_runtime_api.h>
+
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <random>
 
 #include "core/bf16.h"
 #include "core/tensor.h"
+#include "cuda/cuda_check.h"
 #include "cuda/device.h"
 
 namespace nibble::testing {
 
 #define SKIP_WITHOUT_GPU() \
   if (::nibble::cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device"
+
+// Milliseconds the GPU takes for the work `queue` puts on `stream`, timed by CUDA events around it.
+inline float gpu_milliseconds(cudaStream_t stream, const std::function<void()>& queue) {
+  cudaEvent_t start = nullptr, stop = nullptr;
+  cuda_check(cudaEventCreate(&start));
+  cuda_check(cudaEventCreate(&stop));
+  cuda_check(cudaEventRecord(start, stream));
+  queue();
+  cuda_check(cudaEventRecord(stop, stream));
+  cuda_check(cudaEventSynchronize(stop));
+  float ms = 0;
+  cuda_check(cudaEventElapsedTime(&ms, start, stop));
+  cuda_check(cudaEventDestroy(start));
+  cuda_check(cudaEventDestroy(stop));
+  return ms;
+}
 
 inline Tensor random_f32(Shape shape, uint32_t seed, float stddev = 1.0f) {
   std::mt19937 rng(seed);

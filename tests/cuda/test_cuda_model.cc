@@ -361,17 +361,9 @@ TEST(CudaOpsTwin, Fp8LinearTiming) {
       });
       ASSERT_NE(step, nullptr);
       step->replay();
-      cudaEvent_t start, stop;
-      cuda_check(cudaEventCreate(&start));
-      cuda_check(cudaEventCreate(&stop));
-      cuda_check(cudaEventRecord(start, cuda::compute_stream()));
-      for (int r = 0; r < kReplays; ++r) step->replay();
-      cuda_check(cudaEventRecord(stop, cuda::compute_stream()));
-      cuda_check(cudaEventSynchronize(stop));
-      float ms = 0;
-      cuda_check(cudaEventElapsedTime(&ms, start, stop));
-      cuda_check(cudaEventDestroy(start));
-      cuda_check(cudaEventDestroy(stop));
+      const float ms = testing::gpu_milliseconds(cuda::compute_stream(), [&] {
+        for (int r = 0; r < kReplays; ++r) step->replay();
+      });
       const double us = 1000.0 * ms / (kCalls * kReplays);
       std::cout << "fp8 linear " << shape.name << " (N " << shape.n << ", K " << shape.k << "), " << T
                 << " tokens: " << us << " us a call, " << static_cast<double>(shape.n * shape.k) / us * 1e-3
@@ -474,6 +466,31 @@ TEST(CudaOpsTwin, LinearF32Outputs) {
   }
 }
 
+// A batch of two sequences whose new tokens sit at positions pos_a and pos_b, their KV in the cache
+// blocks table_a and table_b (as many of each; `block` slots a block), on `ops`.
+ForwardBatch two_sequences(Ops& ops, const std::vector<int32_t>& table_a, const std::vector<int32_t>& table_b,
+                           int64_t block, const std::vector<int32_t>& pos_a, const std::vector<int32_t>& pos_b) {
+  std::vector<int32_t> positions, slots;
+  auto add = [&](const std::vector<int32_t>& table, int32_t q) {
+    positions.push_back(q);
+    slots.push_back(static_cast<int32_t>(table[q / block] * block + q % block));
+  };
+  for (int32_t q : pos_a) add(table_a, q);
+  for (int32_t q : pos_b) add(table_b, q);
+  const auto T = static_cast<int64_t>(positions.size());
+  std::vector<int32_t> tables(table_a);
+  tables.insert(tables.end(), table_b.begin(), table_b.end());
+  const auto a = static_cast<int32_t>(pos_a.size());
+  return ForwardBatch{.num_tokens = T, .num_seqs = 2, .token_ids = ops.upload(i32(std::vector<int32_t>(T))),
+                      .positions = ops.upload(i32(positions)),
+                      .query_start = ops.upload(i32({0, a, static_cast<int32_t>(T)})),
+                      .seq_lens = ops.upload(i32({pos_a.back() + 1, pos_b.back() + 1})),
+                      .block_tables = ops.upload(i32(tables).reshape({2, static_cast<int64_t>(table_a.size())})),
+                      .slot_mapping = ops.upload(i32(slots)), .logit_rows = ops.upload(i32({0})),
+                      .max_query_len = std::max<int64_t>(a, T - a),
+                      .max_seq_len = std::max(pos_a.back(), pos_b.back()) + 1};
+}
+
 TEST(CudaOpsTwin, PagedAttention) {
   SKIP_WITHOUT_GPU();
   CpuOps cpu;
@@ -488,24 +505,13 @@ TEST(CudaOpsTwin, PagedAttention) {
     KvCacheLayer gpu_cache{.k = gpu.upload(cpu_cache.k), .v = gpu.upload(cpu_cache.v)};
     const std::vector<int32_t> table_a{7, 2, 9, 11, 4, 13, 6}, table_b{5, 1, 3, 0, 0, 0, 0};
     auto run_step = [&](const std::vector<int32_t>& pos_a, const std::vector<int32_t>& pos_b, uint32_t seed) {
-      std::vector<int32_t> positions, slots;
-      for (int32_t q : pos_a) positions.push_back(q), slots.push_back(table_a[q / block] * block + q % block);
-      for (int32_t q : pos_b) positions.push_back(q), slots.push_back(table_b[q / block] * block + q % block);
-      const auto T = static_cast<int64_t>(positions.size());
-      std::vector<int32_t> tables(table_a);
-      tables.insert(tables.end(), table_b.begin(), table_b.end());
+      const ForwardBatch cpu_batch = two_sequences(cpu, table_a, table_b, block, pos_a, pos_b);
+      const ForwardBatch gpu_batch = two_sequences(gpu, table_a, table_b, block, pos_a, pos_b);
+      const int64_t T = cpu_batch.num_tokens;
       const Pair qkv = random_activations({T, width}, seed);
-      const auto a = static_cast<int32_t>(pos_a.size());
-      auto batch_on = [&](Ops& ops) {
-        return ForwardBatch{.num_tokens = T, .num_seqs = 2, .token_ids = ops.upload(i32(std::vector<int32_t>(T))),
-                            .positions = ops.upload(i32(positions)), .query_start = ops.upload(i32({0, a, static_cast<int32_t>(T)})),
-                            .seq_lens = ops.upload(i32({pos_a.back() + 1, pos_b.back() + 1})),
-                            .block_tables = ops.upload(i32(tables).reshape({2, 7})), .slot_mapping = ops.upload(i32(slots)),
-                            .logit_rows = ops.upload(i32({0})), .max_query_len = T, .max_seq_len = 25};
-      };
       Tensor cpu_out = cpu.empty(DType::kF32, {T, 8 * 64}), gpu_out = gpu.empty(DType::kBF16, {T, 8 * 64});
-      cpu.attention(qkv.cpu, cpu_cache, dtype, batch_on(cpu), p, cpu_out);
-      gpu.attention(qkv.cuda, gpu_cache, dtype, batch_on(gpu), p, gpu_out);
+      cpu.attention(qkv.cpu, cpu_cache, dtype, cpu_batch, p, cpu_out);
+      gpu.attention(qkv.cuda, gpu_cache, dtype, gpu_batch, p, gpu_out);
       return compare(cpu_out, gpu_out);
     };
     std::vector<int32_t> prefill_a(20);
@@ -539,21 +545,8 @@ TEST(CudaOpsTwin, RopeAttentionFusesExactly) {
       const std::vector<int32_t> table_a{7, 2, 9, 11, 4, 13, 6, 20, 21, 22};
       const std::vector<int32_t> table_b{5, 1, 3, 30, 31, 32, 33, 34, 35, 36};
       auto step = [&](const std::vector<int32_t>& pos_a, const std::vector<int32_t>& pos_b, uint32_t seed) {
-        std::vector<int32_t> positions, slots;
-        for (int32_t q : pos_a) positions.push_back(q), slots.push_back(table_a[q / block] * block + q % block);
-        for (int32_t q : pos_b) positions.push_back(q), slots.push_back(table_b[q / block] * block + q % block);
-        const auto T = static_cast<int64_t>(positions.size());
-        std::vector<int32_t> tables(table_a);
-        tables.insert(tables.end(), table_b.begin(), table_b.end());
-        const auto a = static_cast<int32_t>(pos_a.size());
-        const ForwardBatch batch{.num_tokens = T, .num_seqs = 2, .token_ids = gpu.upload(i32(std::vector<int32_t>(T))),
-                                 .positions = gpu.upload(i32(positions)),
-                                 .query_start = gpu.upload(i32({0, a, static_cast<int32_t>(T)})),
-                                 .seq_lens = gpu.upload(i32({pos_a.back() + 1, pos_b.back() + 1})),
-                                 .block_tables = gpu.upload(i32(tables).reshape({2, 10})),
-                                 .slot_mapping = gpu.upload(i32(slots)), .logit_rows = gpu.upload(i32({0})),
-                                 .max_query_len = std::max<int64_t>(a, T - a),
-                                 .max_seq_len = std::max(pos_a.back(), pos_b.back()) + 1};
+        const ForwardBatch batch = two_sequences(gpu, table_a, table_b, block, pos_a, pos_b);
+        const int64_t T = batch.num_tokens;
         const Tensor qkv = to_bf16(random_f32({T, width}, seed));
         Tensor qkv_split = gpu.upload(qkv), qkv_fused = gpu.upload(qkv);
         Tensor out_split = testing::poisoned(DType::kBF16, {T, 8 * D});
@@ -577,6 +570,30 @@ TEST(CudaOpsTwin, RopeAttentionFusesExactly) {
     }
 }
 
+// A random KV history of (blocks, block, kv_heads, D) on the CPU, stored through the CPU twin's own
+// rounding (BF16 values, or the FP8 codes of value / scale), and its copy on the GPU.
+struct KvCaches {
+  KvCacheLayer cpu, gpu;
+};
+KvCaches random_kv_caches(CpuOps& cpu, cuda::CudaOps& gpu, Shape shape, KvCacheDType dtype, const AttentionParams& p,
+                          uint32_t k_seed, float k_amplitude, uint32_t v_seed, float v_amplitude) {
+  const DType storage = kv_storage_dtype(dtype);
+  const Tensor k_host = to_bf16(random_f32(shape, k_seed, k_amplitude));
+  const Tensor v_host = to_bf16(random_f32(shape, v_seed, v_amplitude));
+  KvCacheLayer cache{.k = cpu.empty(storage, k_host.shape()), .v = cpu.empty(storage, v_host.shape())};
+  for (int64_t i = 0; i < k_host.numel(); ++i) {
+    const float k = bf16_to_float(k_host.data<Bf16>()[i]), v = bf16_to_float(v_host.data<Bf16>()[i]);
+    if (dtype == KvCacheDType::kFp8E4M3) {
+      cache.k.data<uint8_t>()[i] = float_to_fp8_e4m3(k / p.k_scale);
+      cache.v.data<uint8_t>()[i] = float_to_fp8_e4m3(v / p.v_scale);
+    } else {
+      cache.k.data<Bf16>()[i] = k_host.data<Bf16>()[i];
+      cache.v.data<Bf16>()[i] = v_host.data<Bf16>()[i];
+    }
+  }
+  return {cache, KvCacheLayer{.k = gpu.upload(cache.k), .v = gpu.upload(cache.v)}};
+}
+
 // The split-KV decode kernel (one token per sequence, head_dim 128): GQA groups of 4 and 6, with and
 // without the soft-cap, contexts from 1 to past several 128-key tiles, blocks scattered over the cache.
 // Contexts up to 1000 merge the slices in a cluster; one of 9000 keys takes the merge kernel.
@@ -596,22 +613,8 @@ TEST(CudaOpsTwin, DecodeAttention) {
           const AttentionParams p{.num_heads = heads, .num_kv_heads = kv_heads, .head_dim = D,
                                   .softmax_scale = 0.088f, .k_scale = 0.05f, .v_scale = 0.02f,
                                   .logit_softcap = softcap};
-          // Fill the caches with random history through the CPU twin's own rounding (stored values).
-          const DType storage = kv_storage_dtype(dtype);
-          const Tensor k_host = to_bf16(random_f32({blocks, block, kv_heads, D}, 31, 0.05f));
-          const Tensor v_host = to_bf16(random_f32({blocks, block, kv_heads, D}, 32, 0.02f));
-          KvCacheLayer cpu_cache{.k = cpu.empty(storage, k_host.shape()), .v = cpu.empty(storage, v_host.shape())};
-          for (int64_t i = 0; i < k_host.numel(); ++i) {
-            const float k = bf16_to_float(k_host.data<Bf16>()[i]), v = bf16_to_float(v_host.data<Bf16>()[i]);
-            if (dtype == KvCacheDType::kFp8E4M3) {
-              cpu_cache.k.data<uint8_t>()[i] = float_to_fp8_e4m3(k / p.k_scale);
-              cpu_cache.v.data<uint8_t>()[i] = float_to_fp8_e4m3(v / p.v_scale);
-            } else {
-              cpu_cache.k.data<Bf16>()[i] = k_host.data<Bf16>()[i];
-              cpu_cache.v.data<Bf16>()[i] = v_host.data<Bf16>()[i];
-            }
-          }
-          KvCacheLayer gpu_cache{.k = gpu.upload(cpu_cache.k), .v = gpu.upload(cpu_cache.v)};
+          auto [cpu_cache, gpu_cache] =
+              random_kv_caches(cpu, gpu, {blocks, block, kv_heads, D}, dtype, p, 31, 0.05f, 32, 0.02f);
           // Block tables: a random permutation of the cache.
           std::vector<int32_t> perm(blocks);
           std::iota(perm.begin(), perm.end(), 0);
@@ -672,21 +675,8 @@ std::pair<double, double> run_prefill_case(const PrefillCase& c, uint32_t seed) 
     blocks += n, width_blocks = std::max(width_blocks, n), T += fresh;
     max_query = std::max<int64_t>(max_query, fresh), max_len = std::max<int64_t>(max_len, prior + fresh);
   }
-  const DType storage = kv_storage_dtype(c.dtype);
-  const Tensor k_host = to_bf16(random_f32({blocks, block, c.kv_heads, D}, seed, 1.0f));
-  const Tensor v_host = to_bf16(random_f32({blocks, block, c.kv_heads, D}, seed + 1, 1.0f));
-  KvCacheLayer cpu_cache{.k = cpu.empty(storage, k_host.shape()), .v = cpu.empty(storage, v_host.shape())};
-  for (int64_t i = 0; i < k_host.numel(); ++i) {
-    const float k = bf16_to_float(k_host.data<Bf16>()[i]), v = bf16_to_float(v_host.data<Bf16>()[i]);
-    if (c.dtype == KvCacheDType::kFp8E4M3) {
-      cpu_cache.k.data<uint8_t>()[i] = float_to_fp8_e4m3(k / p.k_scale);
-      cpu_cache.v.data<uint8_t>()[i] = float_to_fp8_e4m3(v / p.v_scale);
-    } else {
-      cpu_cache.k.data<Bf16>()[i] = k_host.data<Bf16>()[i];
-      cpu_cache.v.data<Bf16>()[i] = v_host.data<Bf16>()[i];
-    }
-  }
-  KvCacheLayer gpu_cache{.k = gpu.upload(cpu_cache.k), .v = gpu.upload(cpu_cache.v)};
+  auto [cpu_cache, gpu_cache] =
+      random_kv_caches(cpu, gpu, {blocks, block, c.kv_heads, D}, c.dtype, p, seed, 1.0f, seed + 1, 1.0f);
   std::vector<int32_t> perm(blocks);
   std::iota(perm.begin(), perm.end(), 0);
   std::shuffle(perm.begin(), perm.end(), std::mt19937(seed + 2));
@@ -788,18 +778,10 @@ TEST(CudaOpsTwin, PrefillAttentionTiming) {
     cuda_check(cudaMemset(qkv.raw(), 0x3C, qkv.nbytes()));  // bf16 0x3C3C ≈ 0.0115 everywhere
     Tensor out = gpu.empty(DType::kBF16, {T, heads * D});
     gpu.attention(qkv, cache, KvCacheDType::kFp8E4M3, batch, p, out);  // warm-up
-    cudaEvent_t start, stop;
-    cuda_check(cudaEventCreate(&start));
-    cuda_check(cudaEventCreate(&stop));
     constexpr int kRuns = 5;
-    cuda_check(cudaEventRecord(start, cuda::compute_stream()));
-    for (int i = 0; i < kRuns; ++i) gpu.attention(qkv, cache, KvCacheDType::kFp8E4M3, batch, p, out);
-    cuda_check(cudaEventRecord(stop, cuda::compute_stream()));
-    cuda_check(cudaEventSynchronize(stop));
-    float ms = 0;
-    cuda_check(cudaEventElapsedTime(&ms, start, stop));
-    cuda_check(cudaEventDestroy(start));
-    cuda_check(cudaEventDestroy(stop));
+    const float ms = testing::gpu_milliseconds(cuda::compute_stream(), [&] {
+      for (int i = 0; i < kRuns; ++i) gpu.attention(qkv, cache, KvCacheDType::kFp8E4M3, batch, p, out);
+    });
     const double us = 1000.0 * ms / kRuns, flops = 4.0 * D * heads * S * (L * (L + 1) / 2.0);
     std::cout << "prefill attention " << name << ", 32 x 1024 tokens, heads " << heads << "/" << kv_heads
               << ", FP8 cache: " << us << " us, " << flops / us * 1e-6 << " TFLOP/s\n";

@@ -608,19 +608,11 @@ TEST(RouteAndGroup, Timing) {
     cuda_check(cudaStreamEndCapture(stream, &graph));
     cuda_check(cudaGraphInstantiate(&exec, graph, 0));
     cuda_check(cudaGraphLaunch(exec, stream));
-    cudaEvent_t start, stop;
-    cuda_check(cudaEventCreate(&start));
-    cuda_check(cudaEventCreate(&stop));
-    cuda_check(cudaEventRecord(start, stream));
-    for (int i = 0; i < kReplays; ++i) cuda_check(cudaGraphLaunch(exec, stream));
-    cuda_check(cudaEventRecord(stop, stream));
-    cuda_check(cudaEventSynchronize(stop));
-    float ms = 0;
-    cuda_check(cudaEventElapsedTime(&ms, start, stop));
+    const float ms = testing::gpu_milliseconds(stream, [&] {
+      for (int i = 0; i < kReplays; ++i) cuda_check(cudaGraphLaunch(exec, stream));
+    });
     std::cout << "route and group " << c.name << " (E " << c.E << ", H " << c.H << ", top-" << c.K << "), " << c.T
               << " tokens: " << 1000.0 * ms / (kCalls * kReplays) << " us a call\n";
-    cuda_check(cudaEventDestroy(start));
-    cuda_check(cudaEventDestroy(stop));
     cuda_check(cudaGraphExecDestroy(exec));
     cuda_check(cudaGraphDestroy(graph));
   }
