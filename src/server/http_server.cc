@@ -99,9 +99,11 @@ HttpServer::HttpServer(ServingContext context)
     int yes = 1;
     setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
   });
-  // An idle keep-alive connection holds its thread, and stop() waits for every thread: keep the
-  // wait short (httplib's default is 5 s).
-  s.set_keep_alive_timeout(2);
+  // How long a connection may stay idle, before its first request too: httplib closes it after
+  // that, and a request sent later is answered with a reset. An idle connection holds its thread,
+  // and stop() waits for every thread. 2 s dropped a test client whose request came 2 s after its
+  // connect on a loaded CI machine; 5 s is httplib's and uvicorn's default.
+  s.set_keep_alive_timeout(5);
 
   s.set_pre_routing_handler([&c](const httplib::Request& req, httplib::Response& res) {
     if (authorized(c.options, req)) return httplib::Server::HandlerResponse::Unhandled;

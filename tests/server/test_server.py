@@ -248,6 +248,21 @@ class Disconnect(unittest.TestCase):
         self.assertEqual(metrics()['nibble_requests_finished_total{finish_reason="abort"}'], aborted_before + 1)
 
 
+class SlowClient(unittest.TestCase):
+    def test_request_sent_three_seconds_after_connecting_is_served(self):
+        # A loaded machine can delay a client between its connect and its request; the server must
+        # not have closed the connection by then (it did at a 2 s idle timeout).
+        sock = socket.create_connection((h.SERVER.host, h.SERVER.port), timeout=30)
+        time.sleep(3)
+        auth = f"Authorization: Bearer {h.API_KEY}\r\n" if h.API_KEY else ""
+        sock.sendall(f"GET /health HTTP/1.1\r\nHost: x\r\n{auth}Connection: close\r\n\r\n".encode())
+        received = b""
+        while chunk := sock.recv(4096):
+            received += chunk
+        sock.close()
+        self.assertTrue(received.startswith(b"HTTP/1.1 200"), received[:100])
+
+
 class StopAndSeed(unittest.TestCase):
     def complete(self, **body):
         status, r = request("POST", "/v1/completions", {"prompt": "Once upon a time", "max_tokens": 40,
