@@ -87,9 +87,9 @@ bool outer_scales() {
 // Measured on an H200 (bench/RESULTS.md, 2026-11-30, CudaOpsTwin.Fp8LinearTiming, graph-replayed µs a
 // call, gemv / cuBLASLt path): Mixtral-8x7B qkv 1 token 10.05 / 10.20, 2 tokens 15.8 / 9.9; o 6.73 /
 // 7.91, 9.83 / 7.90; Mixtral-8x7B W4A8 + FP8 KV decode at batch 1 3.86 ms a step with gemv against
-// 4.14 without. The F32 linear against the CPU came to 5.9e-8
-// relative L2 with mma against 1.3e-4, but Mixtral-8x7B W4A8 decode at batch 32 took 11.34 ms a step
-// against 10.78 with cuBLASLt, and with mma only up to 8 tokens batch 1 took 4.20 ms against 4.02.
+// 4.14 without. The F32 linear against the CPU came to 5.9e-8 relative L2 with mma against 1.3e-4,
+// but Mixtral-8x7B W4A8 decode at batch 32 took 11.34 ms a step against 10.78 with cuBLASLt, and with
+// mma only up to 8 tokens batch 1 took 4.20 ms against 4.02.
 enum class Fp8Gemm { kAuto, kGemv, kMma, kCublasLt };
 constexpr int64_t kGemvAutoTokens = 1;
 
