@@ -270,7 +270,7 @@ __global__ void __launch_bounds__(kLogitWarps * 32) route_topk_group_kernel(cons
   }
   __syncthreads();  // the token's logits written (global memory, read back by warp 0)
   if (warp == 0) topk_token(p, t, lane);
-  if (gridDim.x > 1) {  // one token: its block is the last
+  if (gridDim.x > 1) {  // the last block to finish groups (a lone block is the last)
     __threadfence();      // this block's top-k visible to the grid before it counts itself done
     __syncthreads();
     if (threadIdx.x == 0) last = atomicAdd(a.group.blocks_done, 1u) == gridDim.x - 1;
