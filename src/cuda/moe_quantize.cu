@@ -37,6 +37,42 @@ __device__ void write_zero_row(uint8_t* codes, int64_t cols, float* scale, float
 // 64 FP8 e4m3 values is exact in fp32 (multiples of 2^-9 below 2^15), whatever its order.
 constexpr int kQuantThreads = 256;
 
+// The block's amax of every thread's `amax` (a multiple of 32 threads; warp_amax: a float a warp).
+__device__ inline float block_amax(float amax, float* warp_amax) {
+  for (int o = 16; o > 0; o /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, o));
+  if (threadIdx.x % 32 == 0) warp_amax[threadIdx.x / 32] = amax;
+  __syncthreads();
+  for (unsigned w = 0; w < blockDim.x / 32; ++w) amax = fmaxf(amax, warp_amax[w]);
+  return amax;
+}
+
+// A row held in registers as units of 8 columns (thread i: units i, i + blockDim, ...) quantized with
+// `scale`: its FP8 codes (8 bytes a unit) and, when `sums` is given, the sums of each 64-wide block's
+// FP8 values (8 consecutive units: 8 consecutive lanes; exact in fp32 whatever the order).
+template <int kUnits>
+__device__ inline void store_units_fp8(const float (&v)[kUnits][8], int64_t units, float scale, uint8_t* codes,
+                                       float* sums) {
+#pragma unroll
+  for (int u = 0; u < kUnits; ++u) {
+    const int64_t unit = u * int64_t{blockDim.x} + threadIdx.x;
+    float sum = 0.0f;
+    if (unit < units) {
+      uint32_t packed[2] = {0u, 0u};
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const __nv_fp8_storage_t q = __nv_cvt_float_to_fp8(v[u][j] / scale, __NV_SATFINITE, __NV_E4M3);
+        packed[j / 4] |= uint32_t{q} << (8 * (j % 4));
+        sum += __half2float(__half(__nv_cvt_fp8_to_halfraw(q, __NV_E4M3)));
+      }
+      *reinterpret_cast<uint2*>(codes + unit * 8) = make_uint2(packed[0], packed[1]);
+    }
+    if (sums != nullptr) {  // every lane shuffles; units come in whole 64-blocks (cols % 64 == 0)
+      for (int o = 4; o > 0; o /= 2) sum += __shfl_xor_sync(0xFFFFFFFFu, sum, o);
+      if (unit < units && unit % 8 == 0) sums[unit / 8] = sum;
+    }
+  }
+}
+
 template <int kUnits>
 __global__ void __launch_bounds__(kQuantThreads) quantize_rows_kernel(const __grid_constant__ QuantizeRowsArgs p) {
   __shared__ float warp_amax[kQuantThreads / 32];
@@ -64,10 +100,7 @@ __global__ void __launch_bounds__(kQuantThreads) quantize_rows_kernel(const __gr
       }
     }
   }
-  for (int o = 16; o > 0; o /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, o));
-  if (threadIdx.x % 32 == 0) warp_amax[threadIdx.x / 32] = amax;
-  __syncthreads();
-  for (unsigned w = 0; w < blockDim.x / 32; ++w) amax = fmaxf(amax, warp_amax[w]);
+  amax = block_amax(amax, warp_amax);
   if (p.amax_out != nullptr) {  // the first pass under tensor parallelism: only the row's amax
     if (threadIdx.x == 0) p.amax_out[r] = amax;
     return;
@@ -76,25 +109,7 @@ __global__ void __launch_bounds__(kQuantThreads) quantize_rows_kernel(const __gr
   const float scale = p.amax_in != nullptr     ? fmaxf(p.amax_in[r], 1e-12f) / 448.0f
                       : p.static_scale > 0.0f ? p.static_scale
                                               : fmaxf(amax, 1e-12f) / 448.0f;
-#pragma unroll
-  for (int u = 0; u < kUnits; ++u) {
-    const int64_t unit = u * int64_t{blockDim.x} + threadIdx.x;
-    float sum = 0.0f;
-    if (unit < units) {
-      uint32_t packed[2] = {0u, 0u};
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const __nv_fp8_storage_t q = __nv_cvt_float_to_fp8(v[u][j] / scale, __NV_SATFINITE, __NV_E4M3);
-        packed[j / 4] |= uint32_t{q} << (8 * (j % 4));
-        sum += __half2float(__half(__nv_cvt_fp8_to_halfraw(q, __NV_E4M3)));
-      }
-      *reinterpret_cast<uint2*>(codes + unit * 8) = make_uint2(packed[0], packed[1]);
-    }
-    if (sums != nullptr) {  // every lane shuffles; units come in whole 64-blocks (cols % 64 == 0)
-      for (int o = 4; o > 0; o /= 2) sum += __shfl_xor_sync(0xFFFFFFFFu, sum, o);
-      if (unit < units && unit % 8 == 0) sums[unit / 8] = sum;
-    }
-  }
+  store_units_fp8(v, units, scale, codes, sums);
   if (threadIdx.x == 0) p.scale[r] = scale;
 }
 
@@ -187,6 +202,95 @@ __global__ void __launch_bounds__(kActThreads) activation_kernel(const __grid_co
   cluster.sync();  // no block leaves while another may still read its block_amax
 }
 
+// Activation rows one block a row, held in registers (as quantize_rows_kernel): thread i takes the
+// 8-column units i, i + blockDim, ... (kUnits at most) of the gate and up halves, so that a row's
+// reads need no shared-memory staging and no cluster: one block-wide amax, then the codes and sums.
+// Every value is computed as activation_kernel computes it (the same sums over the splits in order,
+// the same scaling and activation), so the codes, scales and sums are that kernel's.
+constexpr int kActRowThreads = 1024;
+constexpr int64_t kActRowMaxUnits = 2 * kActRowThreads;  // I up to 16384
+
+template <int kUnits>
+__global__ void __launch_bounds__(kActRowThreads) activation_rows_kernel(const __grid_constant__ ActivationArgs p) {
+  __shared__ float warp_amax[kActRowThreads / 32];
+  ptx::grid_dependency_wait();
+  ptx::launch_dependents();
+  const int64_t r = blockIdx.x, I = p.intermediate, units = I / 8;
+  uint8_t* codes = p.codes + r * I;
+  float* sums = p.sums + r * (I / kRowBlock);
+  const float4* channel = nullptr;  // (2I / 4) this row's expert's scales, when the product is unscaled
+  float row_scale = 1.0f;
+  if (p.row_scale != nullptr) {
+    const int64_t e = p.row_expert[r];
+    if (e < 0) {  // a padding row: the whole block returns here
+      if (p.amax_out != nullptr) {
+        if (threadIdx.x == 0) p.amax_out[r] = 0.0f;
+        return;
+      }
+      return write_zero_row(codes, I, p.scale + r, sums);
+    }
+    channel = reinterpret_cast<const float4*>(p.channel_scale + e * 2 * I);
+    row_scale = p.row_scale[r];
+  }
+  float v[kUnits][8];
+  float amax = 0.0f;
+#pragma unroll
+  for (int u = 0; u < kUnits; ++u) {
+    const int64_t unit = u * int64_t{blockDim.x} + threadIdx.x;
+    if (unit >= units) continue;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {  // the unit's two float4 of columns
+      const int64_t c = unit * 2 + h;  // the float4's index in the row's half
+      float4 gate = {0.0f, 0.0f, 0.0f, 0.0f}, up = gate;
+      for (int64_t s = 0; s < p.splits; ++s) {
+        const auto* row = reinterpret_cast<const float4*>(p.gate_up + (s * p.max_rows + r) * 2 * I);
+        const float4 g = row[c], u4 = row[I / 4 + c];
+        gate = {gate.x + g.x, gate.y + g.y, gate.z + g.z, gate.w + g.w};
+        up = {up.x + u4.x, up.y + u4.y, up.z + u4.z, up.w + u4.w};
+      }
+      if (channel != nullptr) {
+        const float4 sg = channel[c], su = channel[I / 4 + c];
+        gate = {gate.x * row_scale * sg.x, gate.y * row_scale * sg.y, gate.z * row_scale * sg.z,
+                gate.w * row_scale * sg.w};
+        up = {up.x * row_scale * su.x, up.y * row_scale * su.y, up.z * row_scale * su.z, up.w * row_scale * su.w};
+      }
+      float* out = &v[u][4 * h];
+      out[0] = activate(p.activation, gate.x) * up.x;
+      out[1] = activate(p.activation, gate.y) * up.y;
+      out[2] = activate(p.activation, gate.z) * up.z;
+      out[3] = activate(p.activation, gate.w) * up.w;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) amax = fmaxf(amax, fabsf(out[j]));
+    }
+  }
+  amax = block_amax(amax, warp_amax);
+  if (p.amax_out != nullptr) {  // the first pass under tensor parallelism: only the row's amax
+    if (threadIdx.x == 0) p.amax_out[r] = amax;
+    return;
+  }
+  // The dynamic formula, over every rank's slice when the reduced amax is given.
+  const float scale = fmaxf(p.amax_in != nullptr ? p.amax_in[r] : amax, 1e-12f) / 448.0f;
+  store_units_fp8(v, units, scale, codes, sums);
+  if (threadIdx.x == 0) p.scale[r] = scale;
+}
+
+// Which activation kernel a call takes: ActivationArgs::kernel, else NIBBLE_ACTIVATION (cluster or
+// rows), else the row kernel where it takes the row (I up to 16384).
+ActivationKernel activation_kernel_for(const ActivationArgs& p) {
+  static const ActivationKernel setting = [] {
+    const char* v = std::getenv("NIBBLE_ACTIVATION");
+    const std::string_view name = v != nullptr ? v : "";
+    check(name.empty() || name == "cluster" || name == "rows", "NIBBLE_ACTIVATION must be cluster or rows, not ",
+          name);
+    return name == "cluster" ? ActivationKernel::kCluster : name == "rows" ? ActivationKernel::kRows
+                                                                             : ActivationKernel::kAuto;
+  }();
+  const ActivationKernel chosen = p.kernel != ActivationKernel::kAuto ? p.kernel : setting;
+  const bool rows_take_it = p.intermediate / 8 <= kActRowMaxUnits;
+  if (chosen == ActivationKernel::kCluster || !rows_take_it) return ActivationKernel::kCluster;
+  return ActivationKernel::kRows;
+}
+
 }  // namespace
 
 void quantize_rows_fp8(const QuantizeRowsArgs& p, cudaStream_t stream) {
@@ -214,6 +318,16 @@ void activation_quantize_fp8(const ActivationArgs& p, cudaStream_t stream) {
   check(p.intermediate > 0 && p.intermediate % kRowBlock == 0 && p.intermediate <= kMaxCols,
         "activation_quantize_fp8: ", p.intermediate, " columns");
   if (p.rows == 0) return;
+  if (activation_kernel_for(p) == ActivationKernel::kRows) {
+    const int64_t units = p.intermediate / 8;
+    const int threads = static_cast<int>(std::min<int64_t>(kActRowThreads, (units + 31) / 32 * 32));
+    const auto blocks = static_cast<unsigned>(p.rows);
+    if (units <= threads)
+      launch_kernel(activation_rows_kernel<1>, blocks, threads, 0, stream, p);
+    else
+      launch_kernel(activation_rows_kernel<2>, blocks, threads, 0, stream, p);
+    return cuda_check(cudaGetLastError());
+  }
   // A cluster of up to 8 blocks a row (fewer for a row of fewer 64-blocks).
   const auto cluster = static_cast<unsigned>(std::min<int64_t>(kActCluster, p.intermediate / kRowBlock));
   launch_kernel_with({cluster_shape(cluster)}, activation_kernel, static_cast<unsigned>(p.rows) * cluster, kActThreads,

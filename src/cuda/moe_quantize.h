@@ -31,6 +31,11 @@ struct QuantizeRowsArgs {
 
 void quantize_rows_fp8(const QuantizeRowsArgs& args, cudaStream_t stream);
 
+// The activation kernel: a cluster of blocks a row staging it in shared memory, or one block a row
+// holding it in registers (I up to 16384); kAuto: NIBBLE_ACTIVATION, else the row kernel where it
+// takes the row.
+enum class ActivationKernel : uint8_t { kAuto, kCluster, kRows };
+
 struct ActivationArgs {
   const float* gate_up;  // (splits, max_rows, 2I): partial sums over K splits, added here
   int64_t splits;
@@ -52,6 +57,7 @@ struct ActivationArgs {
   // formula over the whole row once the amax is reduced over ranks).
   float* amax_out = nullptr;      // (rows)
   const float* amax_in = nullptr;  // (rows)
+  ActivationKernel kernel = ActivationKernel::kAuto;
 };
 
 void activation_quantize_fp8(const ActivationArgs& args, cudaStream_t stream);

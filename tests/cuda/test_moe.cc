@@ -653,48 +653,62 @@ TEST(ActivationQuantize, MatchesHostDefinition) {
       }
     const Tensor d_gate_up = cuda::upload(gate_up), d_row_scale = cuda::upload(row_scale),
                  d_channel = cuda::upload(channel), d_expert = cuda::upload(i32_tensor(expert));
-    Tensor codes = poisoned(DType::kU8, {R, I}), scale = poisoned(DType::kF32, {R}),
-           sums = poisoned(DType::kF32, {R, I / 64}), amax_out = poisoned(DType::kF32, {R});
-    cuda::ActivationArgs args{.gate_up = d_gate_up.data<float>(), .splits = c.splits, .max_rows = c.max_rows,
-                              .codes = codes.data<uint8_t>(), .scale = scale.data<float>(),
-                              .sums = sums.data<float>(), .rows = R, .intermediate = I, .activation = c.act};
-    if (c.prefill) {
-      args.row_scale = d_row_scale.data<float>();
-      args.channel_scale = d_channel.data<float>();
-      args.row_expert = d_expert.data<int32_t>();
-    }
-    cuda::activation_quantize_fp8(args, nullptr);
-    cuda::ActivationArgs amax_pass = args;
-    amax_pass.amax_out = amax_out.data<float>();
-    cuda::activation_quantize_fp8(amax_pass, nullptr);
-    const Tensor got_codes = cuda::download(codes), got_scale = cuda::download(scale),
-                 got_sums = cuda::download(sums), got_amax = cuda::download(amax_out);
-    int64_t flips = 0;
-    for (int64_t r = 0; r < R; ++r) {
-      const bool padding = c.prefill && expert[r] < 0;
-      const float want_scale = padding ? 0.0f : std::max(amax[r], kMinActivationAmax) / kFp8E4M3Max;
-      EXPECT_NEAR(got_scale.data<float>()[r], want_scale, 1e-6f * want_scale) << "I " << I << " row " << r;
-      EXPECT_NEAR(got_amax.data<float>()[r], amax[r], 1e-6f * amax[r]) << "I " << I << " row " << r;
-      for (int64_t b = 0; b < I / 64; ++b) {
-        float sum = 0.0f;  // of the GPU's own codes, which must match the host's
-        for (int64_t i = b * 64; i < b * 64 + 64; ++i) {
-          const uint8_t got = got_codes.data<uint8_t>()[r * I + i];
-          const uint8_t want = padding ? 0 : float_to_fp8_e4m3(values[r * I + i] / want_scale);
-          if (got != want) {
-            ++flips;
-            const float w = fp8_e4m3_to_float(want);
-            EXPECT_NEAR(fp8_e4m3_to_float(got), w, 0.13f * std::fabs(w) + 0.002f)
-                << "I " << I << " row " << r << " column " << i;
+    // Both kernels against the host definition; the row kernel's outputs are the cluster's, bit for bit.
+    std::vector<Tensor> cluster_outputs;
+    for (const auto kernel : {cuda::ActivationKernel::kCluster, cuda::ActivationKernel::kRows}) {
+      Tensor codes = poisoned(DType::kU8, {R, I}), scale = poisoned(DType::kF32, {R}),
+             sums = poisoned(DType::kF32, {R, I / 64}), amax_out = poisoned(DType::kF32, {R});
+      cuda::ActivationArgs args{.gate_up = d_gate_up.data<float>(), .splits = c.splits, .max_rows = c.max_rows,
+                                .codes = codes.data<uint8_t>(), .scale = scale.data<float>(),
+                                .sums = sums.data<float>(), .rows = R, .intermediate = I, .activation = c.act,
+                                .kernel = kernel};
+      if (c.prefill) {
+        args.row_scale = d_row_scale.data<float>();
+        args.channel_scale = d_channel.data<float>();
+        args.row_expert = d_expert.data<int32_t>();
+      }
+      cuda::activation_quantize_fp8(args, nullptr);
+      cuda::ActivationArgs amax_pass = args;
+      amax_pass.amax_out = amax_out.data<float>();
+      cuda::activation_quantize_fp8(amax_pass, nullptr);
+      const Tensor got_codes = cuda::download(codes), got_scale = cuda::download(scale),
+                   got_sums = cuda::download(sums), got_amax = cuda::download(amax_out);
+      int64_t flips = 0;
+      for (int64_t r = 0; r < R; ++r) {
+        const bool padding = c.prefill && expert[r] < 0;
+        const float want_scale = padding ? 0.0f : std::max(amax[r], kMinActivationAmax) / kFp8E4M3Max;
+        EXPECT_NEAR(got_scale.data<float>()[r], want_scale, 1e-6f * want_scale) << "I " << I << " row " << r;
+        EXPECT_NEAR(got_amax.data<float>()[r], amax[r], 1e-6f * amax[r]) << "I " << I << " row " << r;
+        for (int64_t b = 0; b < I / 64; ++b) {
+          float sum = 0.0f;  // of the GPU's own codes, which must match the host's
+          for (int64_t i = b * 64; i < b * 64 + 64; ++i) {
+            const uint8_t got = got_codes.data<uint8_t>()[r * I + i];
+            const uint8_t want = padding ? 0 : float_to_fp8_e4m3(values[r * I + i] / want_scale);
+            if (got != want) {
+              ++flips;
+              const float w = fp8_e4m3_to_float(want);
+              EXPECT_NEAR(fp8_e4m3_to_float(got), w, 0.13f * std::fabs(w) + 0.002f)
+                  << "I " << I << " row " << r << " column " << i;
+            }
+            sum += fp8_e4m3_to_float(got);
           }
-          sum += fp8_e4m3_to_float(got);
+          EXPECT_NEAR(got_sums.data<float>()[r * (I / 64) + b], sum, 1e-5f * (std::fabs(sum) + 1.0f))
+              << "I " << I << " row " << r << " block " << b;
         }
-        EXPECT_NEAR(got_sums.data<float>()[r * (I / 64) + b], sum, 1e-5f * (std::fabs(sum) + 1.0f))
-            << "I " << I << " row " << r << " block " << b;
+      }
+      std::cout << "activation I=" << I << " rows=" << R << " splits=" << c.splits << (c.prefill ? " prefill" : "")
+                << (kernel == cuda::ActivationKernel::kRows ? ", row kernel" : ", cluster kernel") << ": " << flips
+                << " of " << R * I << " codes one step off\n";
+      EXPECT_LE(flips, R * I / 1000 + 1);
+      const std::vector<Tensor> outputs{got_codes, got_scale, got_sums, got_amax};
+      if (kernel == cuda::ActivationKernel::kCluster) {
+        cluster_outputs = outputs;
+      } else {
+        for (std::size_t k = 0; k < outputs.size(); ++k)
+          EXPECT_EQ(std::memcmp(outputs[k].raw(), cluster_outputs[k].raw(), outputs[k].nbytes()), 0)
+              << "I " << I << ": the row kernel's output " << k << " differs from the cluster kernel's";
       }
     }
-    std::cout << "activation I=" << I << " rows=" << R << " splits=" << c.splits << (c.prefill ? " prefill" : "")
-              << ": " << flips << " of " << R * I << " codes one step off\n";
-    EXPECT_LE(flips, R * I / 1000 + 1);
   }
 }
 
