@@ -95,6 +95,7 @@ MoeWorkspace::MoeWorkspace(const MoeWeightsW4A8& w, int64_t tokens, int64_t k, P
   route_done = empty(DType::kI32, {1});
   cuda_check(cudaMemsetAsync(route_done.raw(), 0, sizeof(int32_t), compute_stream()));
   x_fp8 = empty(DType::kF8E4M3, {tokens, H});
+  x_sorted = empty(DType::kF8E4M3, {rows, H});
   x_scale = empty(DType::kF32, {tokens});
   x_sums = empty(DType::kF32, {tokens, H / 64});
   gate_up_out = empty(DType::kF32, {max_split_rows(2 * I, H, E, k, tokens, num_sms) * 2 * I});
@@ -138,12 +139,14 @@ void moe_w4a8(const Tensor& x, const MoeWeightsW4A8& w, const MoeParams& params,
     return moe_prefill(x, w, params, ws, out, stream);
   }
   quantize_rows_fp8({.x = x.raw(), .codes = ws.x_fp8.data<uint8_t>(), .scale = ws.x_scale.data<float>(),
-                     .sums = ws.x_sums.data<float>(), .rows = T, .cols = H},
+                     .sums = ws.x_sums.data<float>(), .rows = T, .cols = H,
+                     .sorted_codes = ws.x_sorted.data<uint8_t>(), .row_pos = ws.row_pos.data<int32_t>(), .top_k = K},
                     stream);
   const int64_t gate_up_splits = choose_k_splits(2 * I, H, slots, rows, ws.num_sms);
   moe_gemm_w4a8({.weight_format = w.format, .weights = w.gate_up.raw(), .weight_scale = w.gate_up_scale.data<float>(),
                  .act = ws.x_fp8.data<uint8_t>(), .act_scale = ws.x_scale.data<float>(),
                  .act_sums = ws.x_sums.data<float>(), .act_row = ws.sorted_tokens.data<int32_t>(),
+                 .act_sorted = ws.x_sorted.data<uint8_t>(),
                  .expert_offsets = ws.expert_offsets.data<int32_t>(),
                  .active_experts = ws.active_experts.data<int32_t>(), .out = ws.gate_up_out.data<float>(),
                  .max_rows = rows, .num_experts = E, .n = 2 * I, .k = H, .expert_slots = slots,

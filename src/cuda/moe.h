@@ -55,6 +55,7 @@ struct MoeWorkspace {
   Tensor row_pos;         // I32 (T·K): the row of pair t·K + k
   Tensor route_done;      // I32 (1): zero between launches (moe_route.h: GroupArgs::blocks_done)
   Tensor x_fp8;           // F8_E4M3 (T, H), token order
+  Tensor x_sorted;        // F8_E4M3 (T·K, H): x_fp8's rows in routed (sorted) order, for gate_up
   Tensor x_scale;         // F32 (T)
   Tensor x_sums;          // F32 (T, H / 64)
   Tensor gate_up_out;     // F32 (splits · T·K · 2I)

@@ -5,11 +5,12 @@
 // chunk of kRows rows (one chunk unless an expert has more rows than the tile). Each block is one (or
 // two, sharing the activations) consumer warpgroups and one producer warp: the producer runs the
 // block's pipeline across its units (no fill or drain between them), each consumer warp's weights for
-// a stage arriving as one bulk copy (TMA) and the activations as 16-byte cp.async copies (mma.sync: a
+// a stage arriving as one bulk copy and the activations as two boxes of a TMA tensor map (mma.sync: a
 // bulk copy a row), all completing on the stage's mbarrier; the consumers hand each slot back on a
 // second mbarrier.
-// wgmma: weights go to registers as wgmma A fragments; activations sit in shared memory as wgmma's core
-// matrices. The tensor cores sum 256 K at a time (a stage); every 256 K is added to fp32 registers, so
+// wgmma: weights go to registers as wgmma A fragments; activations (rows in sorted order, so that a
+// chunk's rows are one box) sit in shared memory 128-byte swizzled, as wgmma's SWIZZLE_128B operands.
+// The tensor cores sum 256 K at a time (a stage); every 256 K is added to fp32 registers, so
 // accumulation error does not grow with K.
 // mma.sync (GemmMath::kMmaSync): each warp takes one K block of the stage across the block's 64
 // channels (m16n8k16 f16, fp32 sums); the warps' partial sums meet in shared memory at a unit's end.
@@ -24,13 +25,13 @@
 #include "cuda/launch.h"
 #include "cuda/moe_gemm_w4a8.h"
 #include "cuda/ptx.cuh"
+#include "cuda/tensor_map.h"
 #include "cuda/wgmma.cuh"
 
 namespace nibble::cuda {
 namespace {
 
 constexpr int kBlocksPerStage = 4;  // 64-wide K blocks per pipeline stage (256 K)
-constexpr int kCoreBytes = 128;     // a wgmma core matrix: 8 rows × 16 bytes
 // How far past the pipeline L2 is asked to fetch weights (0: no L2 prefetch), and K splits aimed at
 // this many units per SM; NIBBLE_MOE_PREFETCH_STAGES and NIBBLE_MOE_UNITS_PER_SM override them (tuning).
 // Measured on an H200 (bench/RESULTS.md, 2026-11-29): with the bulk copies' pipeline, an L2 prefetch
@@ -46,10 +47,10 @@ constexpr int kEarlyL2Stages = 0;
 // Timing experiments (bench/RESULTS.md): NIBBLE_MOE_LEAVE_OUT is a sum of what is left out: 1 the
 // consumers' math, 2 the activation copies, 4 the weight copies (wrong results; the time of the rest).
 enum LeaveOut : int { kNothing = 0, kMath = 1, kActivations = 2, kWeights = 4 };
-// Timing probes of the wgmma consumers (NIBBLE_MOE_PROBE, 16-row tiles only; wrong results): no proxy
-// fence a stage, no tensor-core instructions (the operands folded into the sums instead), or constant
-// A operands (no weight loads or nibble masks).
-enum Probe : int { kNoProbe = 0, kProbeNoProxyFence = 1, kProbeNoTensor = 2, kProbeNoOperands = 3 };
+// Timing probes of the wgmma consumers (NIBBLE_MOE_PROBE, 16-row tiles only; wrong results): no
+// tensor-core instructions (the operands folded into the sums instead), or constant A operands (no
+// weight loads or nibble masks).
+enum Probe : int { kNoProbe = 0, kProbeNoTensor = 2, kProbeNoOperands = 3 };
 // Consumer warpgroups a wgmma block (64 output channels each, sharing the stage's activations): two
 // for 16-row tiles of wide projections (N >= kTwoGroupsMinN), else one; NIBBLE_MOE_CONSUMER_GROUPS
 // (1 or 2) overrides. Measured on an H200 (bench/RESULTS.md, 2026-11-30), ncu µs at 32 tokens, one
@@ -86,10 +87,13 @@ struct Tile {
   static constexpr int kRows = kTokenTiles * 8;
   static constexpr int kLaneWords = kFp8 ? 2 : 1;               // uint4 a lane per K block
   static constexpr int kWarpBlockBytes = 32 * 16 * kLaneWords;  // a warp's 16 channels, one K block
-  // Activations of a stage: wgmma's core matrices, K block by K block; for mma.sync each row's K in
-  // a row of kActRowBytes (16 bytes of padding spread a lane's reads of 8 rows over the banks).
+  // Activations of a stage: for wgmma two halves of kRows rows × 128 bytes (K blocks 2h, 2h + 1),
+  // 128-byte swizzled (a multiple of 1024 bytes: every slot and half stays 1024-byte aligned); for
+  // mma.sync each row's K in a row of kActRowBytes (16 bytes of padding spread a lane's reads of 8
+  // rows over the banks).
   static constexpr int kActRowBytes = kBlocksPerStage * kGemmKBlock + 16;
-  static constexpr int kActSlotBytes = kMma ? kRows * kActRowBytes : kBlocksPerStage * kRows * kGemmKBlock;
+  static constexpr int kHalfBytes = kRows * 2 * kGemmKBlock;  // wgmma: one of a stage's two activation boxes
+  static constexpr int kActSlotBytes = kMma ? kRows * kActRowBytes : 2 * kHalfBytes;
   static constexpr int kStageBytes = kBlocksPerStage * kWarps * kWarpBlockBytes + kActSlotBytes;
   // mma.sync: each warp's partial sums of the other warps' 16-channel tiles, (writer, tile, row tile, lane).
   static constexpr int kReduceSlots = kMma ? kWarps * kWarps * kTokenTiles * 32 : 1;
@@ -98,26 +102,26 @@ struct Tile {
   static constexpr int kMinBlocks = kGroups == 1 ? (kTokenTiles <= 2 ? NIBBLE_MOE_BLOCKS_1G : kTokenTiles == 4 ? 3 : 2)
                                                  : (kTokenTiles <= 2 ? NIBBLE_MOE_BLOCKS_2G : 1);
   static constexpr int kStages =
-      std::clamp((220 * 1024 / kMinBlocks - 2048 - (kMma ? kReduceSlots * 16 : 0)) / kStageBytes, 3, 8);
-  // Activation copies a stage, by the producer warp: kRows rows × 4 sixteen-byte columns a K block.
-  static constexpr int kActPairs = kRows * 4;  // (row, column) pairs of one K block
-  static constexpr int kPairsPerLane = kActPairs / 32;
+      std::clamp((220 * 1024 / kMinBlocks - 3072 - (kMma ? kReduceSlots * 16 : 0)) / kStageBytes, 3, 8);
 };
 
-// One stage: each warp's weight fragments for the stage's K blocks (one contiguous bulk copy a warp),
-// and the activations as K-major core matrices, core matrix (row group j, 16-byte K column c) at
-// (j · 4 + c) · 128 in each K block: 128 bytes between K neighbours, 512 between row groups.
+// One stage: the activations (first: the block's shared memory is 1024-byte aligned), and each
+// warp's weight fragments for the stage's K blocks (one contiguous bulk copy a warp).
 template <int kTokenTiles, bool kFp8, int kGroups, bool kMma>
 struct alignas(128) GemmSmem {
   using T = Tile<kTokenTiles, kFp8, kGroups, kMma>;
-  uint4 weights[T::kStages][T::kWarps][kBlocksPerStage][32 * T::kLaneWords];
   uint8_t act[T::kStages][T::kActSlotBytes];
+  uint4 weights[T::kStages][T::kWarps][kBlocksPerStage][32 * T::kLaneWords];
   uint64_t full[T::kStages];   // a slot's weights and activations have landed
   uint64_t empty[T::kStages];  // the consumers are done with a slot
   float token_sum[T::kRows];
   float token_scale[T::kRows];
   float4 reduce[T::kReduceSlots];
 };
+
+// The dynamic shared memory a block asks for: the layout, and room to align it to 1024 bytes.
+template <int kTokenTiles, bool kFp8, int kGroups, bool kMma>
+constexpr int kSmemBytes = sizeof(GemmSmem<kTokenTiles, kFp8, kGroups, kMma>) + 1024;
 
 // A position in a block's walk over its units: unit, row chunk of the unit's expert, pipeline stage.
 struct Cursor {
@@ -163,14 +167,16 @@ struct Walk {
 template <int kTokenTiles, bool kFp8, int kGroups, bool kMma, int kProbe = kNoProbe>
 __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThreads,
                                   Tile<kTokenTiles, kFp8, kGroups, kMma>::kMinBlocks)
-    moe_gemm_w4a8_kernel(const __grid_constant__ GemmW4A8Args p) {
+    moe_gemm_w4a8_kernel(const __grid_constant__ GemmW4A8Args p, const __grid_constant__ CUtensorMap act_map) {
   using T = Tile<kTokenTiles, kFp8, kGroups, kMma>;
   constexpr int kRows = T::kRows, kStages = T::kStages, kWarps = T::kWarps, kConsumers = T::kConsumers;
   // f32 accumulator registers a thread: an m64 × kRows wgmma tile, or mma.sync's 4 channel tiles ×
   // kTokenTiles row tiles × 4.
   constexpr int kAcc = kMma ? kWarps * kTokenTiles * 4 : kRows / 2;
   extern __shared__ uint4 smem_raw[];
-  auto& sm = *reinterpret_cast<GemmSmem<kTokenTiles, kFp8, kGroups, kMma>*>(smem_raw);
+  const uint32_t misalign = ptx::smem_address(smem_raw) & 1023;
+  auto& sm = *reinterpret_cast<GemmSmem<kTokenTiles, kFp8, kGroups, kMma>*>(
+      reinterpret_cast<uint8_t*>(smem_raw) + ((1024 - misalign) & 1023));
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, q = lane & 3;
   const int tiles = static_cast<int>(p.n / 16);
@@ -187,8 +193,7 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
-      // The producer's expect_tx, then (wgmma) each lane's activation copies.
-      ptx::mbarrier_init(&sm.full[s], kMma ? 1 : 1 + 32);
+      ptx::mbarrier_init(&sm.full[s], 1);  // the producer's arrival with its expected bytes
       ptx::mbarrier_init(&sm.empty[s], kMma ? kConsumers : kWarps);  // mma.sync: every lane arrives
     }
     ptx::fence_mbarrier_init();
@@ -247,10 +252,6 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
     // the async proxy.
     asm volatile("fence.proxy.async.global;\n" ::: "memory");
     const int prefetch = p.prefetch_stages;
-    // This lane's activation copies: pairs (row, 16-byte column) of the chunk, their sources (row
-    // start + column; nullptr past the expert's rows) and shared-memory offsets.
-    const uint8_t* act_src[T::kPairsPerLane];
-    int act_dst[T::kPairsPerLane];
     Cursor load = start, ahead = start;
     // L2 is asked for the weights of `ahead`'s stage, then `ahead` moves on.
     auto prefetch_next = [&] {
@@ -287,33 +288,23 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
         if (prefetch > 0 && walk.valid(ahead)) prefetch_next();
       }
     } else {
+      // Two boxes of the tensor map a stage (K blocks 0-1 and 2-3; zeros past K), the chunk's rows in
+      // sorted order: rows past the expert's belong to the next expert and only feed their own output
+      // rows, which are not written; rows past the tensor read as zeros.
+      const bool acts = !(p.leave_out & kActivations);
       for (int step = 0; walk.valid(load); ++step) {
         const int slot = step % kStages;
         if (step >= kStages) ptx::mbarrier_wait(&sm.empty[slot], ((step / kStages) - 1) & 1);
-        if (load.stage == 0) {
-#pragma unroll
-          for (int i = 0; i < T::kPairsPerLane; ++i) {
-            const int pair = lane + i * 32, rr = pair / 4, col = pair % 4;
-            const int r = load.chunk * kRows + rr;
-            const int64_t pos = load.row_begin + r;
-            act_src[i] = r < load.rows ? p.act + (p.act_row ? p.act_row[pos] : pos) * p.k + col * 16 : nullptr;
-            act_dst[i] = ((rr / 8) * 4 + col) * kCoreBytes + (rr % 8) * 16;
-          }
-        }
-        const int first = load.kb_begin + load.stage * kBlocksPerStage;
-        const int nkb = min(kBlocksPerStage, load.kb_begin + load.kb_count - first);
         if (step >= early) copy_weights(load, slot);
-        if (lane == 0) ptx::mbarrier_arrive(&sm.full[slot]);  // the producer's arrival; the lanes' come below
-        // Every K block of the stage is written: zeros past the split's end and the expert's rows.
-#pragma unroll
-        for (int b = 0; b < kBlocksPerStage; ++b)
-#pragma unroll
-          for (int i = 0; i < T::kPairsPerLane; ++i) {
-            const bool copy = b < nkb && act_src[i] != nullptr && !(p.leave_out & kActivations);
-            ptx::cp_async_16(&sm.act[slot][b * kRows * kGemmKBlock + act_dst[i]],
-                             copy ? act_src[i] + (first + b) * kGemmKBlock : p.act, copy);
-          }
-        ptx::cp_async_mbarrier_arrive(&sm.full[slot]);
+        if (lane == 0) {
+          ptx::mbarrier_arrive_expect_tx(&sm.full[slot], acts ? T::kActSlotBytes : 0);
+          const int x = (load.kb_begin + load.stage * kBlocksPerStage) * kGemmKBlock;
+          const int y = load.row_begin + load.chunk * kRows;
+          for (int h = 0; acts && h < 2; ++h)
+            ptx::tensor_copy_2d_to_shared(&sm.act[slot][h * T::kHalfBytes], &act_map, x + h * 128, y,
+                                          &sm.full[slot]);
+        }
+        __syncwarp();
         walk.advance(load, p);
         if (prefetch > 0 && walk.valid(ahead)) prefetch_next();
       }
@@ -327,14 +318,12 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
   Cursor compute{.unit = static_cast<int>(blockIdx.x)};
   walk.resolve(compute, p);
   float acc[kAcc] = {};
-  [[maybe_unused]] const uint64_t act_desc = wgmma::descriptor(&sm.act[0][0], kCoreBytes, 4 * kCoreBytes);
+  [[maybe_unused]] const uint64_t act_desc = wgmma::descriptor_sw128(&sm.act[0][0]);
   [[maybe_unused]] const auto act_desc_lo = static_cast<uint32_t>(act_desc);
-  [[maybe_unused]] constexpr uint64_t act_desc_hi = uint64_t{(4 * kCoreBytes) >> 4} << 32;  // the 8-row stride
+  [[maybe_unused]] const uint64_t act_desc_hi = act_desc & 0xFFFFFFFF00000000ull;  // swizzle, 8-row stride
   for (int step = 0; walk.valid(compute); ++step) {
     const int slot = step % kStages;
     ptx::mbarrier_wait(&sm.full[slot], (step / kStages) & 1);
-    // The activation copies are generic-proxy writes.
-    if constexpr (!kMma && kProbe != kProbeNoProxyFence) wgmma::fence_proxy_async();
 
     const int first = compute.kb_begin + compute.stage * kBlocksPerStage;
     const int nkb = min(kBlocksPerStage, compute.kb_begin + compute.kb_count - first);
@@ -405,8 +394,9 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
         a[b][1][2] = w.w & m, a[b][1][3] = (w.w >> 4) & m;
       }
     }
-    // The activations' descriptors: slot 0's address field moved to this slot and K block (addresses
-    // stay below 2^18, so the 14-bit field takes the sum without a carry); the upper word is constant.
+    // The activations' descriptors: slot 0's address field moved to this slot, K block and K step
+    // (addresses stay below 2^18, so the 14-bit field takes the sum without a carry); the upper word
+    // is constant.
     const uint32_t slot_lo = act_desc_lo + static_cast<uint32_t>(slot * T::kActSlotBytes >> 4);
     float d[kAcc];
     if constexpr (kProbe == kProbeNoTensor) {  // the operands folded into d instead
@@ -416,10 +406,10 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
       wgmma::fence();
 #pragma unroll
       for (int b = 0; b < kBlocksPerStage; ++b) {
-        // Core matrix (row group j, K column c) of K block b at b · kRows · 64 + (j · 4 + c) · 128.
-        const uint32_t lo = slot_lo + static_cast<uint32_t>(b * kRows * kGemmKBlock >> 4);
+        // K block b: half b / 2, bytes 64 · (b % 2) of each 128-byte row; its second K step 32 on.
+        const uint32_t lo = slot_lo + static_cast<uint32_t>(((b / 2) * T::kHalfBytes + (b % 2) * 64) >> 4);
         wgmma::WgmmaE4m3<kRows>::mma(d, a[b][0], act_desc_hi | lo, b);
-        wgmma::WgmmaE4m3<kRows>::mma(d, a[b][1], act_desc_hi | (lo + ((2 * kCoreBytes) >> 4)), 1);
+        wgmma::WgmmaE4m3<kRows>::mma(d, a[b][1], act_desc_hi | (lo + (32 >> 4)), 1);
       }
       wgmma::commit();
       wgmma::wait<0>();
@@ -520,7 +510,7 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
 template <int kTokenTiles, bool kFp8, int kGroups, bool kMma>
 int resident_blocks() {
   using T = Tile<kTokenTiles, kFp8, kGroups, kMma>;
-  constexpr int kSmem = sizeof(GemmSmem<kTokenTiles, kFp8, kGroups, kMma>);
+  constexpr int kSmem = kSmemBytes<kTokenTiles, kFp8, kGroups, kMma>;
   auto* kernel = moe_gemm_w4a8_kernel<kTokenTiles, kFp8, kGroups, kMma>;
   allow_dynamic_smem(reinterpret_cast<const void*>(kernel), kSmem);
   static const int resident = [&] {
@@ -546,7 +536,6 @@ auto* kernel_for() {
   static const int probe = env_or("NIBBLE_MOE_PROBE", kNoProbe);
   if constexpr (kTokenTiles == 2 && !kFp8 && !kMma) {
     switch (probe) {
-      case kProbeNoProxyFence: return moe_gemm_w4a8_kernel<kTokenTiles, kFp8, kGroups, kMma, kProbeNoProxyFence>;
       case kProbeNoTensor: return moe_gemm_w4a8_kernel<kTokenTiles, kFp8, kGroups, kMma, kProbeNoTensor>;
       case kProbeNoOperands: return moe_gemm_w4a8_kernel<kTokenTiles, kFp8, kGroups, kMma, kProbeNoOperands>;
       default: break;
@@ -558,7 +547,7 @@ auto* kernel_for() {
 template <int kTokenTiles, bool kFp8, int kGroups, bool kMma = false>
 void launch(const GemmW4A8Args& p, cudaStream_t stream) {
   using T = Tile<kTokenTiles, kFp8, kGroups, kMma>;
-  constexpr int kSmem = sizeof(GemmSmem<kTokenTiles, kFp8, kGroups, kMma>);
+  constexpr int kSmem = kSmemBytes<kTokenTiles, kFp8, kGroups, kMma>;
   auto* kernel = kernel_for<kTokenTiles, kFp8, kGroups, kMma>();
   const int resident = resident_blocks<kTokenTiles, kFp8, kGroups, kMma>();
   allow_dynamic_smem(reinterpret_cast<const void*>(kernel), kSmem);  // a probe's kernel
@@ -574,7 +563,14 @@ void launch(const GemmW4A8Args& p, cudaStream_t stream) {
   args.early_l2_stages = early_l2_stages;
   args.leave_out = leave_out;
   args.evict_first = evict_first;
-  launch_kernel(kernel, grid, T::kThreads, kSmem, stream, args);
+  // wgmma tiles: the activations in sorted order as a tensor map, boxes of a chunk's rows × 128 bytes.
+  CUtensorMap act_map{};
+  if constexpr (!kMma) {
+    const uint8_t* sorted = p.act_row == nullptr ? p.act : p.act_sorted;
+    check(sorted != nullptr, "moe_gemm_w4a8: the wgmma tiles read the activations in sorted order (act_sorted)");
+    act_map = byte_matrix_map_sw128(sorted, p.max_rows, p.k, T::kRows);
+  }
+  launch_kernel(kernel, grid, T::kThreads, kSmem, stream, args, act_map);
 }
 
 // Rows of the average active expert decide the tile's rows, with room for twice the average (so

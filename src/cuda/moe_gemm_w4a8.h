@@ -54,6 +54,9 @@ struct GemmW4A8Args {
   const float* act_scale;       // (activation rows)
   const float* act_sums;        // (activation rows, K / 64): Σ of FP8 values per K block (INT4 only)
   const int32_t* act_row;       // (T·K) sorted position -> activation row; nullptr: identity
+  // The codes of act in sorted order (row r: act row act_row[r]), (max_rows, K): the wgmma tiles load
+  // their activations from it with the tensor-memory accelerator; with act_row nullptr, act itself.
+  const uint8_t* act_sorted = nullptr;
   const int32_t* expert_offsets;  // (E + 1) sorted rows of each expert
   const int32_t* active_experts;  // (E + 1) active expert ids, count at [E]
   float* out;                   // (splits, max_rows, N), rows in sorted order

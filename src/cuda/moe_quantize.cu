@@ -46,12 +46,20 @@ __device__ inline float block_amax(float amax, float* warp_amax) {
   return amax;
 }
 
+// Where a row's codes are also stored: rows rows[j], j < count, of `codes` (`cols` bytes a row).
+struct CodeCopies {
+  uint8_t* codes = nullptr;
+  const int32_t* rows = nullptr;
+  int64_t count = 0, cols = 0;
+};
+
 // A row held in registers as units of 8 columns (thread i: units i, i + blockDim, ...) quantized with
-// `scale`: its FP8 codes (8 bytes a unit) and, when `sums` is given, the sums of each 64-wide block's
-// FP8 values (8 consecutive units: 8 consecutive lanes; exact in fp32 whatever the order).
+// `scale`: its FP8 codes (8 bytes a unit; also to `copies`) and, when `sums` is given, the sums of
+// each 64-wide block's FP8 values (8 consecutive units: 8 consecutive lanes; exact in fp32 whatever
+// the order).
 template <int kUnits>
 __device__ inline void store_units_fp8(const float (&v)[kUnits][8], int64_t units, float scale, uint8_t* codes,
-                                       float* sums) {
+                                       float* sums, const CodeCopies& copies = {}) {
 #pragma unroll
   for (int u = 0; u < kUnits; ++u) {
     const int64_t unit = u * int64_t{blockDim.x} + threadIdx.x;
@@ -65,6 +73,9 @@ __device__ inline void store_units_fp8(const float (&v)[kUnits][8], int64_t unit
         sum += __half2float(__half(__nv_cvt_fp8_to_halfraw(q, __NV_E4M3)));
       }
       *reinterpret_cast<uint2*>(codes + unit * 8) = make_uint2(packed[0], packed[1]);
+      for (int64_t j = 0; j < copies.count; ++j)
+        *reinterpret_cast<uint2*>(copies.codes + copies.rows[j] * copies.cols + unit * 8) =
+            make_uint2(packed[0], packed[1]);
     }
     if (sums != nullptr) {  // every lane shuffles; units come in whole 64-blocks (cols % 64 == 0)
       for (int o = 4; o > 0; o /= 2) sum += __shfl_xor_sync(0xFFFFFFFFu, sum, o);
@@ -109,7 +120,9 @@ __global__ void __launch_bounds__(kQuantThreads) quantize_rows_kernel(const __gr
   const float scale = p.amax_in != nullptr     ? fmaxf(p.amax_in[r], 1e-12f) / 448.0f
                       : p.static_scale > 0.0f ? p.static_scale
                                               : fmaxf(amax, 1e-12f) / 448.0f;
-  store_units_fp8(v, units, scale, codes, sums);
+  const CodeCopies copies{.codes = p.sorted_codes, .rows = p.row_pos + r * p.top_k,
+                          .count = p.sorted_codes != nullptr ? p.top_k : 0, .cols = p.cols};
+  store_units_fp8(v, units, scale, codes, sums, copies);
   if (threadIdx.x == 0) p.scale[r] = scale;
 }
 
@@ -296,6 +309,8 @@ ActivationKernel activation_kernel_for(const ActivationArgs& p) {
 void quantize_rows_fp8(const QuantizeRowsArgs& p, cudaStream_t stream) {
   check(p.cols > 0 && p.cols % (p.sums != nullptr ? kRowBlock : 16) == 0 && p.cols <= kMaxCols,
         "quantize_rows_fp8: ", p.cols, " columns");
+  check(p.sorted_codes == nullptr || (p.row_pos != nullptr && p.top_k >= 1 && p.src_row == nullptr),
+        "quantize_rows_fp8: routed copies need row_pos and top_k, and no gather");
   if (p.rows == 0) return;
   // Up to 256 threads (a multiple of 8 lanes: whole 64-blocks in a warp) holding 1 to 16 units each.
   const int64_t units = p.cols / 8;

@@ -22,6 +22,11 @@ struct QuantizeRowsArgs {
   // Optional gather (the prefill path): row r reads x row src_row[r]; -1 writes a row of zero codes
   // (scale 0, sums 0). nullptr: row r reads x row r.
   const int32_t* src_row = nullptr;  // (rows)
+  // Optional copies in the routed order (the grouped GEMM reads its activation tiles from them): row
+  // r's codes also go to rows row_pos[r·top_k + j], j < top_k, of sorted_codes. nullptr: none.
+  uint8_t* sorted_codes = nullptr;   // FP8 (rows · top_k, cols)
+  const int32_t* row_pos = nullptr;  // (rows · top_k)
+  int64_t top_k = 0;
   // Tensor parallelism (a row-parallel linear: each rank holds a slice of every row): amax_out set,
   // the kernel only writes each row's amax; amax_in set, row r's scale is max(amax_in[r], 1e-12) / 448
   // (the dynamic formula, once the amax is reduced over the ranks).

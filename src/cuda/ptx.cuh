@@ -78,6 +78,16 @@ __device__ inline void bulk_copy_to_shared_evict_first(void* smem, const void* g
       : "memory");
 }
 
+// A box of a 2-D tensor map (`map`: a __grid_constant__ kernel parameter's address) at element
+// coordinates (x along the inner dimension, y) -> shared memory, completing on `bar`.
+__device__ inline void tensor_copy_2d_to_shared(void* smem, const void* map, int x, int y, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%2, %3}], [%4];\n" ::"r"(smem_address(smem)),
+      "l"(map), "r"(x), "r"(y), "r"(smem_address(bar))
+      : "memory");
+}
+
 __device__ inline void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 
 template <int kPending>

@@ -110,11 +110,17 @@ TEST_P(MoeGemm, MatchesItsDefinition) {
       sums.data<float>()[t * (K / 64) + k / 64] += fp8_e4m3_to_float(codes.data<uint8_t>()[t * K + k]);
   }
 
+  // The codes in sorted order too (the wgmma tiles' tensor-map reads), as the layer's quantization writes them.
+  Tensor sorted_codes = Tensor::zeros(DType::kF8E4M3, {rows, K});
+  for (int64_t r = 0; r < rows; ++r)
+    std::memcpy(sorted_codes.data<uint8_t>() + r * K, codes.data<uint8_t>() + act_row[r] * K, K);
+
   const int64_t slots = std::min(E, rows);
   const int64_t splits = cuda::choose_k_splits(N, K, slots, rows, 132);
   const Tensor d_weights = cuda::upload(cuda::repack_int4_for_gemm(w.packed));
   const Tensor d_scale = cuda::upload(w.scale), d_codes = cuda::upload(codes), d_scales = cuda::upload(scales),
                d_sums = cuda::upload(sums), d_act_row = cuda::upload(i32_tensor(act_row)),
+               d_sorted = cuda::upload(sorted_codes),
                d_offsets = cuda::upload(i32_tensor(offsets)), d_active = cuda::upload(i32_tensor(active));
   // The definition, in double.
   std::vector<float> ref(rows * N);
@@ -147,6 +153,7 @@ TEST_P(MoeGemm, MatchesItsDefinition) {
     cuda::moe_gemm_w4a8({.weights = d_weights.raw(), .weight_scale = d_scale.data<float>(),
                          .act = d_codes.data<uint8_t>(), .act_scale = d_scales.data<float>(),
                          .act_sums = d_sums.data<float>(), .act_row = d_act_row.data<int32_t>(),
+                         .act_sorted = d_sorted.data<uint8_t>(),
                          .expert_offsets = d_offsets.data<int32_t>(), .active_experts = d_active.data<int32_t>(),
                          .out = d_out.data<float>(), .max_rows = rows, .num_experts = E, .n = N, .k = K,
                          .expert_slots = slots, .splits = splits, .consumer_groups = groups, .math = math,
