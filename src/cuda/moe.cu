@@ -138,9 +138,12 @@ void moe_w4a8(const Tensor& x, const MoeWeightsW4A8& w, const MoeParams& params,
     if (!ws.prefill) ws.prefill = std::make_unique<MoePrefillWorkspace>(E, H, I, ws.max_tokens, K, ws.prefill_options);
     return moe_prefill(x, w, params, ws, out, stream);
   }
+  // The gate_up GEMM's wgmma tiles read x in routed order (mma.sync tiles through sorted_tokens).
+  const bool sorted = moe_gemm_w4a8_reads_sorted(w.format, rows, slots);
   quantize_rows_fp8({.x = x.raw(), .codes = ws.x_fp8.data<uint8_t>(), .scale = ws.x_scale.data<float>(),
                      .sums = ws.x_sums.data<float>(), .rows = T, .cols = H,
-                     .sorted_codes = ws.x_sorted.data<uint8_t>(), .row_pos = ws.row_pos.data<int32_t>(), .top_k = K},
+                     .sorted_codes = sorted ? ws.x_sorted.data<uint8_t>() : nullptr,
+                     .row_pos = ws.row_pos.data<int32_t>(), .top_k = K},
                     stream);
   const int64_t gate_up_splits = choose_k_splits(2 * I, H, slots, rows, ws.num_sms);
   moe_gemm_w4a8({.weight_format = w.format, .weights = w.gate_up.raw(), .weight_scale = w.gate_up_scale.data<float>(),

@@ -52,7 +52,8 @@ enum LeaveOut : int { kNothing = 0, kMath = 1, kActivations = 2, kWeights = 4 };
 // weight loads or nibble masks).
 enum Probe : int { kNoProbe = 0, kProbeNoTensor = 2, kProbeNoOperands = 3 };
 // Consumer warpgroups a wgmma block (64 output channels each, sharing the stage's activations): two
-// for 16-row tiles of wide projections (N >= kTwoGroupsMinN), else one; NIBBLE_MOE_CONSUMER_GROUPS
+// for 16-row tiles of wide projections (N >= kTwoGroupsMinN), else one (128-row tiles always one: two
+// would need more than the 168 registers a thread that 9 warps an SM leave); NIBBLE_MOE_CONSUMER_GROUPS
 // (1 or 2) overrides. Measured on an H200 (bench/RESULTS.md, 2026-11-30), ncu µs at 32 tokens, one
 // group against two: Mixtral gate_up (N 28672) 166.3 / 157.5, down (N 4096) 80.5 / 78.8; Grok-1 tp 2
 // gate_up (N 32768) 266 / 257.7, down (N 6144) 135 / 149.5; at 8-row tiles two lost (Grok-1 8 tokens
@@ -99,8 +100,9 @@ struct Tile {
   static constexpr int kReduceSlots = kMma ? kWarps * kWarps * kTokenTiles * 32 : 1;
   // Blocks an SM should hold (registers permitting), and as many stages as their share of the SM's
   // shared memory allows.
-  static constexpr int kMinBlocks = kGroups == 1 ? (kTokenTiles <= 2 ? NIBBLE_MOE_BLOCKS_1G : kTokenTiles == 4 ? 3 : 2)
-                                                 : (kTokenTiles <= 2 ? NIBBLE_MOE_BLOCKS_2G : 1);
+  static constexpr int kMinBlocks =
+      kGroups == 1 ? (kTokenTiles <= 2 ? NIBBLE_MOE_BLOCKS_1G : kTokenTiles == 4 ? 3 : kTokenTiles == 8 ? 2 : 1)
+                   : (kTokenTiles <= 2 ? NIBBLE_MOE_BLOCKS_2G : 1);
   static constexpr int kStages =
       std::clamp((220 * 1024 / kMinBlocks - 3072 - (kMma ? kReduceSlots * 16 : 0)) / kStageBytes, 3, 8);
 };
@@ -398,25 +400,35 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
     // (addresses stay below 2^18, so the 14-bit field takes the sum without a carry); the upper word
     // is constant.
     const uint32_t slot_lo = act_desc_lo + static_cast<uint32_t>(slot * T::kActSlotBytes >> 4);
-    float d[kAcc];
-    if constexpr (kProbe == kProbeNoTensor) {  // the operands folded into d instead
+    // Tiles above 64 rows run one chain a 64-row part (the same A fragments; fewer registers than one
+    // m64n128 chain, and the other warpgroup's chain keeps the tensor cores busy meanwhile).
+    constexpr int kChainRows = kRows < 64 ? kRows : 64, kChainAcc = kChainRows / 2;
 #pragma unroll
-      for (int j = 0; j < kAcc; ++j) d[j] = __uint_as_float(a[j % kBlocksPerStage][j % 2][j % 4] ^ a[3][1][j % 4]);
-    } else {
-      wgmma::fence();
+    for (int part = 0; part < kRows / kChainRows; ++part) {
+      float d[kChainAcc];
+      if constexpr (kProbe == kProbeNoTensor) {  // the operands folded into d instead
 #pragma unroll
-      for (int b = 0; b < kBlocksPerStage; ++b) {
-        // K block b: half b / 2, bytes 64 · (b % 2) of each 128-byte row; its second K step 32 on.
-        const uint32_t lo = slot_lo + static_cast<uint32_t>(((b / 2) * T::kHalfBytes + (b % 2) * 64) >> 4);
-        wgmma::WgmmaE4m3<kRows>::mma(d, a[b][0], act_desc_hi | lo, b);
-        wgmma::WgmmaE4m3<kRows>::mma(d, a[b][1], act_desc_hi | (lo + (32 >> 4)), 1);
+        for (int j = 0; j < kChainAcc; ++j)
+          d[j] = __uint_as_float(a[j % kBlocksPerStage][j % 2][j % 4] ^ a[3][1][j % 4]);
+      } else {
+        wgmma::fence();
+#pragma unroll
+        for (int b = 0; b < kBlocksPerStage; ++b) {
+          // K block b: half b / 2, bytes 64 · (b % 2) of each 128-byte row (the part's rows 128 bytes
+          // each); its second K step 32 bytes on.
+          const uint32_t lo =
+              slot_lo + static_cast<uint32_t>(((b / 2) * T::kHalfBytes + part * kChainRows * 128 + (b % 2) * 64) >> 4);
+          wgmma::WgmmaE4m3<kChainRows>::mma(d, a[b][0], act_desc_hi | lo, b);
+          wgmma::WgmmaE4m3<kChainRows>::mma(d, a[b][1], act_desc_hi | (lo + (32 >> 4)), 1);
+        }
+        wgmma::commit();
+        wgmma::wait<0>();
       }
-      wgmma::commit();
-      wgmma::wait<0>();
+      // Accumulator j of part p is the whole tile's accumulator p · kChainAcc + j (rows 64p on).
+#pragma unroll
+      for (int j = 0; j < kChainAcc; ++j) acc[part * kChainAcc + j] += d[j];
     }
     if (lane == 0) ptx::mbarrier_arrive(&sm.empty[slot]);  // this warp is done reading the slot
-#pragma unroll
-    for (int j = 0; j < kAcc; ++j) acc[j] += d[j];
     }
 
     if (compute.stage == compute.stages - 1) {  // the chunk's last stage: write its rows out
@@ -429,6 +441,7 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
       float sum = 0.0f;
       if (!kFp8 && act_row >= 0) {
         const float* sums = p.act_sums + act_row * walk.kblocks + compute.kb_begin;
+#pragma unroll 8
         for (int kb = part; kb < compute.kb_count; kb += kThreadsPerRow) sum += sums[kb];
       }
 #pragma unroll
@@ -574,10 +587,11 @@ void launch(const GemmW4A8Args& p, cudaStream_t stream) {
 }
 
 // Rows of the average active expert decide the tile's rows, with room for twice the average (so
-// that a busier than average expert still streams its weights once).
+// that a busier than average expert still streams its weights once); 128 rows at most (an expert
+// with more takes several chunks, its weights then read again, mostly from L2).
 int token_tiles_for(int64_t rows, int64_t expert_slots) {
   const int64_t per_expert = (rows + expert_slots - 1) / std::max<int64_t>(1, expert_slots);
-  return per_expert <= 4 ? 1 : per_expert <= 8 ? 2 : per_expert <= 16 ? 4 : 8;
+  return per_expert <= 4 ? 1 : per_expert <= 8 ? 2 : per_expert <= 16 ? 4 : per_expert <= 32 ? 8 : 16;
 }
 
 // Consumer warpgroups for a problem of N channels in tiles of `token_tiles` 8-row tiles (INT4 wgmma).
@@ -598,16 +612,21 @@ GemmMath gemm_math() {
   return math;
 }
 
+// INT4 tiles of `token_tiles` 8-row tiles on mma.sync (else wgmma), `math` or else NIBBLE_MOE_MATH's.
+bool takes_mma_sync(int token_tiles, GemmMath math) {
+  if (token_tiles > 2) return false;
+  if (math == GemmMath::kDefault) math = gemm_math();
+  return math == GemmMath::kMmaSync || (math == GemmMath::kDefault && token_tiles <= kMmaMaxTokenTiles);
+}
+
 template <int kTokenTiles>
 void launch_tiles(const GemmW4A8Args& p, cudaStream_t stream) {
   if (p.weight_format == ExpertWeightFormat::kFp8) return launch<kTokenTiles, true, 1>(p, stream);
-  if constexpr (kTokenTiles <= 2) {
-    const GemmMath math = p.math != GemmMath::kDefault ? p.math : gemm_math();
-    if (math == GemmMath::kMmaSync || (math == GemmMath::kDefault && kTokenTiles <= kMmaMaxTokenTiles))
-      return launch<kTokenTiles, false, 1, true>(p, stream);
-  }
+  if constexpr (kTokenTiles <= 2)
+    if (takes_mma_sync(kTokenTiles, p.math)) return launch<kTokenTiles, false, 1, true>(p, stream);
   const int groups = p.consumer_groups > 0 ? p.consumer_groups : consumer_groups(p.n, kTokenTiles);
-  if (groups == 2) return launch<kTokenTiles, false, 2>(p, stream);
+  if constexpr (kTokenTiles <= 8)
+    if (groups == 2) return launch<kTokenTiles, false, 2>(p, stream);
   launch<kTokenTiles, false, 1>(p, stream);
 }
 
@@ -628,6 +647,10 @@ int64_t choose_k_splits(int64_t n, int64_t k, int64_t expert_slots, int64_t rows
   return no_empty_split(std::clamp<int64_t>((target + pairs - 1) / pairs, 1, most));
 }
 
+bool moe_gemm_w4a8_reads_sorted(ExpertWeightFormat format, int64_t rows, int64_t expert_slots) {
+  return format == ExpertWeightFormat::kFp8 || !takes_mma_sync(token_tiles_for(rows, expert_slots), GemmMath::kDefault);
+}
+
 void moe_gemm_w4a8(const GemmW4A8Args& p, cudaStream_t stream) {
   check(p.n % 16 == 0 && p.k % kGemmKBlock == 0, "moe_gemm_w4a8: N ", p.n, " and K ", p.k,
         " must be multiples of 16 and 64");
@@ -639,7 +662,8 @@ void moe_gemm_w4a8(const GemmW4A8Args& p, cudaStream_t stream) {
     case 1: return launch_tiles<1>(p, stream);
     case 2: return launch_tiles<2>(p, stream);
     case 4: return launch_tiles<4>(p, stream);
-    default: return launch_tiles<8>(p, stream);
+    case 8: return launch_tiles<8>(p, stream);
+    default: return launch_tiles<16>(p, stream);
   }
 }
 

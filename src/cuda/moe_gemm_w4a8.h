@@ -85,6 +85,10 @@ struct GemmW4A8Args {
 // Picks the K split for a problem so that the GPU is full; `rows` is T·K (routed pairs).
 int64_t choose_k_splits(int64_t n, int64_t k, int64_t expert_slots, int64_t rows, int num_sms);
 
+// Whether a call with `rows` (T·K) over `expert_slots` takes wgmma tiles, which read act_sorted (the
+// default math; an INT4 call with mma.sync tiles reads act through act_row instead).
+bool moe_gemm_w4a8_reads_sorted(ExpertWeightFormat format, int64_t rows, int64_t expert_slots);
+
 void moe_gemm_w4a8(const GemmW4A8Args& args, cudaStream_t stream);
 
 }  // namespace nibble::cuda

@@ -135,8 +135,8 @@ TEST_P(MoeGemm, MatchesItsDefinition) {
         ref[r * N + n] = static_cast<float>(acc * scales.data<float>()[t] * w.scale.data<float>()[e * N + n]);
       }
     }
-  // Blocks of one and of two consumer warpgroups (wgmma) and mma.sync (tiles of up to 16 rows; wgmma
-  // beyond), with the first weight copies before the grid dependency wait (settled routing: uploaded
+  // Blocks of one and of two consumer warpgroups (wgmma; 128-row tiles always one) and mma.sync
+  // (tiles of up to 16 rows; wgmma beyond), with the first weight copies before the grid dependency wait (settled routing: uploaded
   // here) or after; the splits summed.
   struct Variant {
     int groups;
@@ -174,7 +174,8 @@ INSTANTIATE_TEST_SUITE_P(Shapes, MoeGemm,
                          ::testing::Values(GemmCase{8, 2 * 1408, 2880, 1, 2}, GemmCase{8, 2880, 1408, 3, 2},
                                            GemmCase{8, 512, 14336, 8, 2}, GemmCase{64, 256, 1024, 64, 8},
                                            GemmCase{8, 256, 512, 1000, 1}, GemmCase{256, 128, 256, 40, 8},
-                                           GemmCase{8, 128, 256, 8192, 2}));
+                                           GemmCase{8, 128, 256, 8192, 2}, GemmCase{8, 512, 4096, 100, 2},
+                                           GemmCase{8, 256, 7168, 160, 2}));
 
 struct LayerCase {
   int64_t experts, hidden, inter, tokens, top_k;
