@@ -52,8 +52,7 @@ enum LeaveOut : int { kNothing = 0, kMath = 1, kActivations = 2, kWeights = 4 };
 // weight loads or nibble masks).
 enum Probe : int { kNoProbe = 0, kProbeNoTensor = 2, kProbeNoOperands = 3 };
 // Consumer warpgroups a wgmma block (64 output channels each, sharing the stage's activations): two
-// for 16-row tiles of wide projections (N >= kTwoGroupsMinN), else one (128-row tiles always one: two
-// would need more than the 168 registers a thread that 9 warps an SM leave); NIBBLE_MOE_CONSUMER_GROUPS
+// for 16-row tiles of wide projections (N >= kTwoGroupsMinN), else one; NIBBLE_MOE_CONSUMER_GROUPS
 // (1 or 2) overrides. Measured on an H200 (bench/RESULTS.md, 2026-11-30), ncu µs at 32 tokens, one
 // group against two: Mixtral gate_up (N 28672) 166.3 / 157.5, down (N 4096) 80.5 / 78.8; Grok-1 tp 2
 // gate_up (N 32768) 266 / 257.7, down (N 6144) 135 / 149.5; at 8-row tiles two lost (Grok-1 8 tokens
@@ -100,20 +99,21 @@ struct Tile {
   static constexpr int kReduceSlots = kMma ? kWarps * kWarps * kTokenTiles * 32 : 1;
   // Blocks an SM should hold (registers permitting), and as many stages as their share of the SM's
   // shared memory allows.
-  static constexpr int kMinBlocks =
-      kGroups == 1 ? (kTokenTiles <= 2 ? NIBBLE_MOE_BLOCKS_1G : kTokenTiles == 4 ? 3 : kTokenTiles == 8 ? 2 : 1)
-                   : (kTokenTiles <= 2 ? NIBBLE_MOE_BLOCKS_2G : 1);
+  static constexpr int kMinBlocks = kGroups == 1 ? (kTokenTiles <= 2 ? NIBBLE_MOE_BLOCKS_1G : kTokenTiles == 4 ? 3 : 2)
+                                                 : (kTokenTiles <= 2 ? NIBBLE_MOE_BLOCKS_2G : 1);
   static constexpr int kStages =
-      std::clamp((220 * 1024 / kMinBlocks - 3072 - (kMma ? kReduceSlots * 16 : 0)) / kStageBytes, 3, 8);
+      std::clamp((220 * 1024 / kMinBlocks - 2048 - (kMma ? kReduceSlots * 16 : 0)) / kStageBytes, 3, 8);
 };
 
-// One stage: the activations (first: the block's shared memory is 1024-byte aligned), and each
-// warp's weight fragments for the stage's K blocks (one contiguous bulk copy a warp).
+// One stage: each warp's weight fragments for the stage's K blocks (one contiguous bulk copy a warp;
+// a multiple of 1024 bytes, so that the activations after them stay 1024-byte aligned in the block's
+// aligned shared memory), and the activations.
 template <int kTokenTiles, bool kFp8, int kGroups, bool kMma>
 struct alignas(128) GemmSmem {
   using T = Tile<kTokenTiles, kFp8, kGroups, kMma>;
-  uint8_t act[T::kStages][T::kActSlotBytes];
+  static_assert(sizeof(uint4) * T::kWarps * kBlocksPerStage * 32 * T::kLaneWords % 1024 == 0);
   uint4 weights[T::kStages][T::kWarps][kBlocksPerStage][32 * T::kLaneWords];
+  uint8_t act[T::kStages][T::kActSlotBytes];
   uint64_t full[T::kStages];   // a slot's weights and activations have landed
   uint64_t empty[T::kStages];  // the consumers are done with a slot
   float token_sum[T::kRows];
@@ -400,35 +400,25 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
     // (addresses stay below 2^18, so the 14-bit field takes the sum without a carry); the upper word
     // is constant.
     const uint32_t slot_lo = act_desc_lo + static_cast<uint32_t>(slot * T::kActSlotBytes >> 4);
-    // Tiles above 64 rows run one chain a 64-row part (the same A fragments; fewer registers than one
-    // m64n128 chain, and the other warpgroup's chain keeps the tensor cores busy meanwhile).
-    constexpr int kChainRows = kRows < 64 ? kRows : 64, kChainAcc = kChainRows / 2;
+    float d[kAcc];
+    if constexpr (kProbe == kProbeNoTensor) {  // the operands folded into d instead
 #pragma unroll
-    for (int part = 0; part < kRows / kChainRows; ++part) {
-      float d[kChainAcc];
-      if constexpr (kProbe == kProbeNoTensor) {  // the operands folded into d instead
+      for (int j = 0; j < kAcc; ++j) d[j] = __uint_as_float(a[j % kBlocksPerStage][j % 2][j % 4] ^ a[3][1][j % 4]);
+    } else {
+      wgmma::fence();
 #pragma unroll
-        for (int j = 0; j < kChainAcc; ++j)
-          d[j] = __uint_as_float(a[j % kBlocksPerStage][j % 2][j % 4] ^ a[3][1][j % 4]);
-      } else {
-        wgmma::fence();
-#pragma unroll
-        for (int b = 0; b < kBlocksPerStage; ++b) {
-          // K block b: half b / 2, bytes 64 · (b % 2) of each 128-byte row (the part's rows 128 bytes
-          // each); its second K step 32 bytes on.
-          const uint32_t lo =
-              slot_lo + static_cast<uint32_t>(((b / 2) * T::kHalfBytes + part * kChainRows * 128 + (b % 2) * 64) >> 4);
-          wgmma::WgmmaE4m3<kChainRows>::mma(d, a[b][0], act_desc_hi | lo, b);
-          wgmma::WgmmaE4m3<kChainRows>::mma(d, a[b][1], act_desc_hi | (lo + (32 >> 4)), 1);
-        }
-        wgmma::commit();
-        wgmma::wait<0>();
+      for (int b = 0; b < kBlocksPerStage; ++b) {
+        // K block b: half b / 2, bytes 64 · (b % 2) of each 128-byte row; its second K step 32 on.
+        const uint32_t lo = slot_lo + static_cast<uint32_t>(((b / 2) * T::kHalfBytes + (b % 2) * 64) >> 4);
+        wgmma::WgmmaE4m3<kRows>::mma(d, a[b][0], act_desc_hi | lo, b);
+        wgmma::WgmmaE4m3<kRows>::mma(d, a[b][1], act_desc_hi | (lo + (32 >> 4)), 1);
       }
-      // Accumulator j of part p is the whole tile's accumulator p · kChainAcc + j (rows 64p on).
-#pragma unroll
-      for (int j = 0; j < kChainAcc; ++j) acc[part * kChainAcc + j] += d[j];
+      wgmma::commit();
+      wgmma::wait<0>();
     }
     if (lane == 0) ptx::mbarrier_arrive(&sm.empty[slot]);  // this warp is done reading the slot
+#pragma unroll
+    for (int j = 0; j < kAcc; ++j) acc[j] += d[j];
     }
 
     if (compute.stage == compute.stages - 1) {  // the chunk's last stage: write its rows out
@@ -441,7 +431,7 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
       float sum = 0.0f;
       if (!kFp8 && act_row >= 0) {
         const float* sums = p.act_sums + act_row * walk.kblocks + compute.kb_begin;
-#pragma unroll 8
+#pragma unroll(kMma ? 1 : 8)
         for (int kb = part; kb < compute.kb_count; kb += kThreadsPerRow) sum += sums[kb];
       }
 #pragma unroll
@@ -587,11 +577,10 @@ void launch(const GemmW4A8Args& p, cudaStream_t stream) {
 }
 
 // Rows of the average active expert decide the tile's rows, with room for twice the average (so
-// that a busier than average expert still streams its weights once); 128 rows at most (an expert
-// with more takes several chunks, its weights then read again, mostly from L2).
+// that a busier than average expert still streams its weights once).
 int token_tiles_for(int64_t rows, int64_t expert_slots) {
   const int64_t per_expert = (rows + expert_slots - 1) / std::max<int64_t>(1, expert_slots);
-  return per_expert <= 4 ? 1 : per_expert <= 8 ? 2 : per_expert <= 16 ? 4 : per_expert <= 32 ? 8 : 16;
+  return per_expert <= 4 ? 1 : per_expert <= 8 ? 2 : per_expert <= 16 ? 4 : 8;
 }
 
 // Consumer warpgroups for a problem of N channels in tiles of `token_tiles` 8-row tiles (INT4 wgmma).
@@ -625,8 +614,7 @@ void launch_tiles(const GemmW4A8Args& p, cudaStream_t stream) {
   if constexpr (kTokenTiles <= 2)
     if (takes_mma_sync(kTokenTiles, p.math)) return launch<kTokenTiles, false, 1, true>(p, stream);
   const int groups = p.consumer_groups > 0 ? p.consumer_groups : consumer_groups(p.n, kTokenTiles);
-  if constexpr (kTokenTiles <= 8)
-    if (groups == 2) return launch<kTokenTiles, false, 2>(p, stream);
+  if (groups == 2) return launch<kTokenTiles, false, 2>(p, stream);
   launch<kTokenTiles, false, 1>(p, stream);
 }
 
@@ -662,8 +650,7 @@ void moe_gemm_w4a8(const GemmW4A8Args& p, cudaStream_t stream) {
     case 1: return launch_tiles<1>(p, stream);
     case 2: return launch_tiles<2>(p, stream);
     case 4: return launch_tiles<4>(p, stream);
-    case 8: return launch_tiles<8>(p, stream);
-    default: return launch_tiles<16>(p, stream);
+    default: return launch_tiles<8>(p, stream);
   }
 }
 

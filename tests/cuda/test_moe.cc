@@ -135,8 +135,8 @@ TEST_P(MoeGemm, MatchesItsDefinition) {
         ref[r * N + n] = static_cast<float>(acc * scales.data<float>()[t] * w.scale.data<float>()[e * N + n]);
       }
     }
-  // Blocks of one and of two consumer warpgroups (wgmma; 128-row tiles always one) and mma.sync
-  // (tiles of up to 16 rows; wgmma beyond), with the first weight copies before the grid dependency wait (settled routing: uploaded
+  // Blocks of one and of two consumer warpgroups (wgmma) and mma.sync (tiles of up to 16 rows; wgmma
+  // beyond), with the first weight copies before the grid dependency wait (settled routing: uploaded
   // here) or after; the splits summed.
   struct Variant {
     int groups;
