@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <string>
+#include <type_traits>
 
 #include "cuda/cuda_check.h"
 #include "cuda/device.h"
@@ -121,9 +122,15 @@ struct alignas(128) GemmSmem {
   float4 reduce[T::kReduceSlots];
 };
 
-// The dynamic shared memory a block asks for: the layout, and room to align it to 1024 bytes.
+// The dynamic shared memory a block asks for: the layout, and (wgmma: swizzled activations) room to
+// align it to 1024 bytes.
 template <int kTokenTiles, bool kFp8, int kGroups, bool kMma>
-constexpr int kSmemBytes = sizeof(GemmSmem<kTokenTiles, kFp8, kGroups, kMma>) + 1024;
+constexpr int kSmemBytes = sizeof(GemmSmem<kTokenTiles, kFp8, kGroups, kMma>) + (kMma ? 0 : 1024);
+
+// The activations' tensor map of the wgmma tiles; the mma.sync tiles copy rows and take none.
+struct NoTensorMap {};
+template <bool kMma>
+using ActMap = std::conditional_t<kMma, NoTensorMap, CUtensorMap>;
 
 // A position in a block's walk over its units: unit, row chunk of the unit's expert, pipeline stage.
 struct Cursor {
@@ -169,14 +176,14 @@ struct Walk {
 template <int kTokenTiles, bool kFp8, int kGroups, bool kMma, int kProbe = kNoProbe>
 __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThreads,
                                   Tile<kTokenTiles, kFp8, kGroups, kMma>::kMinBlocks)
-    moe_gemm_w4a8_kernel(const __grid_constant__ GemmW4A8Args p, const __grid_constant__ CUtensorMap act_map) {
+    moe_gemm_w4a8_kernel(const __grid_constant__ GemmW4A8Args p, const __grid_constant__ ActMap<kMma> act_map) {
   using T = Tile<kTokenTiles, kFp8, kGroups, kMma>;
   constexpr int kRows = T::kRows, kStages = T::kStages, kWarps = T::kWarps, kConsumers = T::kConsumers;
   // f32 accumulator registers a thread: an m64 × kRows wgmma tile, or mma.sync's 4 channel tiles ×
   // kTokenTiles row tiles × 4.
   constexpr int kAcc = kMma ? kWarps * kTokenTiles * 4 : kRows / 2;
   extern __shared__ uint4 smem_raw[];
-  const uint32_t misalign = ptx::smem_address(smem_raw) & 1023;
+  const uint32_t misalign = kMma ? 0 : ptx::smem_address(smem_raw) & 1023;
   auto& sm = *reinterpret_cast<GemmSmem<kTokenTiles, kFp8, kGroups, kMma>*>(
       reinterpret_cast<uint8_t*>(smem_raw) + ((1024 - misalign) & 1023));
 
@@ -567,7 +574,7 @@ void launch(const GemmW4A8Args& p, cudaStream_t stream) {
   args.leave_out = leave_out;
   args.evict_first = evict_first;
   // wgmma tiles: the activations in sorted order as a tensor map, boxes of a chunk's rows × 128 bytes.
-  CUtensorMap act_map{};
+  ActMap<kMma> act_map{};
   if constexpr (!kMma) {
     const uint8_t* sorted = p.act_row == nullptr ? p.act : p.act_sorted;
     check(sorted != nullptr, "moe_gemm_w4a8: the wgmma tiles read the activations in sorted order (act_sorted)");
