@@ -136,6 +136,29 @@ void launch_quantize_rows(const QuantizeRowsArgs& p, int threads, cudaStream_t s
 // their split-K partial sums (the bulk of the reads) over 8 SMs a row. The row's amax is the max of
 // the blocks' amaxes, exchanged through distributed shared memory; every value, code, scale and sum
 // is computed as the one-block-a-row kernel did (a max has no rounding, sums stay per 64-block).
+// act(gate) · up for float4 c of row r's halves: gate_up summed over the K splits and, when the
+// product is unscaled (`channel`: this row's expert's scales), scaled by row_scale and the channels'.
+__device__ inline float4 activated_float4(const ActivationArgs& p, int64_t r, int64_t c, const float4* channel,
+                                          float row_scale) {
+  const int64_t I = p.intermediate;
+  float4 gate = {0.0f, 0.0f, 0.0f, 0.0f}, up = gate;
+#pragma unroll 4
+  for (int64_t s = 0; s < p.splits; ++s) {
+    const auto* row = reinterpret_cast<const float4*>(p.gate_up + (s * p.max_rows + r) * 2 * I);
+    const float4 g = row[c], u = row[I / 4 + c];
+    gate = {gate.x + g.x, gate.y + g.y, gate.z + g.z, gate.w + g.w};
+    up = {up.x + u.x, up.y + u.y, up.z + u.z, up.w + u.w};
+  }
+  if (channel != nullptr) {
+    const float4 sg = channel[c], su = channel[I / 4 + c];
+    gate = {gate.x * row_scale * sg.x, gate.y * row_scale * sg.y, gate.z * row_scale * sg.z,
+            gate.w * row_scale * sg.w};
+    up = {up.x * row_scale * su.x, up.y * row_scale * su.y, up.z * row_scale * su.z, up.w * row_scale * su.w};
+  }
+  return {activate(p.activation, gate.x) * up.x, activate(p.activation, gate.y) * up.y,
+          activate(p.activation, gate.z) * up.z, activate(p.activation, gate.w) * up.w};
+}
+
 constexpr int kActThreads = 256;
 constexpr int kActCluster = 8;  // the portable cluster size
 constexpr int64_t kActMaxCols = kMaxCols / kActCluster;
@@ -170,23 +193,7 @@ __global__ void __launch_bounds__(kActThreads) activation_kernel(const __grid_co
   }
   float amax = 0.0f;
   for (int64_t i = threadIdx.x; i < cols / 4; i += blockDim.x) {  // 4 columns a thread
-    const int64_t c = col0 / 4 + i;                                // the float4's index in the row
-    float4 gate = {0.0f, 0.0f, 0.0f, 0.0f}, up = gate;
-#pragma unroll 4
-    for (int64_t s = 0; s < p.splits; ++s) {
-      const auto* row = reinterpret_cast<const float4*>(p.gate_up + (s * p.max_rows + r) * 2 * I);
-      const float4 g = row[c], u = row[I / 4 + c];
-      gate = {gate.x + g.x, gate.y + g.y, gate.z + g.z, gate.w + g.w};
-      up = {up.x + u.x, up.y + u.y, up.z + u.z, up.w + u.w};
-    }
-    if (channel != nullptr) {
-      const float4 sg = channel[c], su = channel[I / 4 + c];
-      gate = {gate.x * row_scale * sg.x, gate.y * row_scale * sg.y, gate.z * row_scale * sg.z,
-              gate.w * row_scale * sg.w};
-      up = {up.x * row_scale * su.x, up.y * row_scale * su.y, up.z * row_scale * su.z, up.w * row_scale * su.w};
-    }
-    const float4 v = {activate(p.activation, gate.x) * up.x, activate(p.activation, gate.y) * up.y,
-                      activate(p.activation, gate.z) * up.z, activate(p.activation, gate.w) * up.w};
+    const float4 v = activated_float4(p, r, col0 / 4 + i, channel, row_scale);  // this block's float4 i
     reinterpret_cast<float4*>(values)[i] = v;
     amax = fmaxf(amax, fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
   }
@@ -253,25 +260,9 @@ __global__ void __launch_bounds__(kActRowThreads) activation_rows_kernel(const _
     if (unit >= units) continue;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {  // the unit's two float4 of columns
-      const int64_t c = unit * 2 + h;  // the float4's index in the row's half
-      float4 gate = {0.0f, 0.0f, 0.0f, 0.0f}, up = gate;
-      for (int64_t s = 0; s < p.splits; ++s) {
-        const auto* row = reinterpret_cast<const float4*>(p.gate_up + (s * p.max_rows + r) * 2 * I);
-        const float4 g = row[c], u4 = row[I / 4 + c];
-        gate = {gate.x + g.x, gate.y + g.y, gate.z + g.z, gate.w + g.w};
-        up = {up.x + u4.x, up.y + u4.y, up.z + u4.z, up.w + u4.w};
-      }
-      if (channel != nullptr) {
-        const float4 sg = channel[c], su = channel[I / 4 + c];
-        gate = {gate.x * row_scale * sg.x, gate.y * row_scale * sg.y, gate.z * row_scale * sg.z,
-                gate.w * row_scale * sg.w};
-        up = {up.x * row_scale * su.x, up.y * row_scale * su.y, up.z * row_scale * su.z, up.w * row_scale * su.w};
-      }
+      const float4 a = activated_float4(p, r, unit * 2 + h, channel, row_scale);  // the unit's float4 h
       float* out = &v[u][4 * h];
-      out[0] = activate(p.activation, gate.x) * up.x;
-      out[1] = activate(p.activation, gate.y) * up.y;
-      out[2] = activate(p.activation, gate.z) * up.z;
-      out[3] = activate(p.activation, gate.w) * up.w;
+      out[0] = a.x, out[1] = a.y, out[2] = a.z, out[3] = a.w;
 #pragma unroll
       for (int j = 0; j < 4; ++j) amax = fmaxf(amax, fabsf(out[j]));
     }
