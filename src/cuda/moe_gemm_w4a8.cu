@@ -438,7 +438,7 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
       float sum = 0.0f;
       if (!kFp8 && act_row >= 0) {
         const float* sums = p.act_sums + act_row * walk.kblocks + compute.kb_begin;
-#pragma unroll(kMma ? 1 : 8)
+#pragma unroll(kMma ? 4 : 8)
         for (int kb = part; kb < compute.kb_count; kb += kThreadsPerRow) sum += sums[kb];
       }
 #pragma unroll
