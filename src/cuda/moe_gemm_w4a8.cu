@@ -384,7 +384,8 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
     } else {
     // The stage's four K blocks in one chain of tensor-core sums (256 K), then added to the fp32 sums.
     // Every wgmma is issued (a branch around one makes ptxas serialize them all); a K block past the
-    // split's end has zero weights here and zero activations from the producer.
+    // split's end has zero weights here (its activations are the next split's, or zeros past K: finite
+    // FP8 codes either way, so its products are zero).
     uint32_t a[kBlocksPerStage][2][4];
 #pragma unroll
     for (int b = 0; b < kBlocksPerStage; ++b) {
