@@ -59,6 +59,9 @@ enum Probe : int { kNoProbe = 0, kProbeNoTensor = 2, kProbeNoOperands = 3 };
 // gate_up (N 32768) 266 / 257.7, down (N 6144) 135 / 149.5; at 8-row tiles two lost (Grok-1 8 tokens
 // gate_up 187.5 / 208.5).
 constexpr int64_t kTwoGroupsMinN = 16384;
+// The most rows a tile (NIBBLE_MOE_MAX_TILE_ROWS overrides): 64, or 128 with two consumer warpgroups
+// and a producer warpgroup (an experiment, not yet measured).
+constexpr int kMaxTileRows = 64;
 // The decode tiles' tensor-core instructions (moe_gemm_w4a8.h: GemmMath) unless NIBBLE_MOE_MATH says:
 // mma.sync for tiles of 8 rows, wgmma above. Measured on an H200 (bench/RESULTS.md, 2026-11-30), ncu
 // µs of gate_up / down: Mixtral 1 token 37.3 / 22.0 against 42.3 / 34.7, Grok-1 (tp 2) 8 tokens
@@ -84,7 +87,11 @@ struct Tile {
   static_assert(!kMma || (kGroups == 1 && !kFp8 && kTokenTiles <= 2), "mma.sync: INT4, one group, <= 16 rows");
   static constexpr int kWarps = 4 * kGroups;  // consumer warps: kGroups warpgroups of 64 output channels
   static constexpr int kConsumers = kWarps * 32;
-  static constexpr int kThreads = kConsumers + 32;  // and one producer warp
+  // One producer warp; for 128-row tiles (two consumer warpgroups holding 64 accumulators a thread) a
+  // producer warpgroup, one warp of which copies, that hands registers to the consumers (the kernel).
+  static constexpr bool kWide = kTokenTiles == 16;
+  static_assert(!kWide || (kGroups == 2 && !kMma), "128-row tiles: two wgmma consumer warpgroups");
+  static constexpr int kThreads = kConsumers + 32 * (kWide ? 4 : 1);
   static constexpr int kRows = kTokenTiles * 8;
   static constexpr int kLaneWords = kFp8 ? 2 : 1;               // uint4 a lane per K block
   static constexpr int kWarpBlockBytes = 32 * 16 * kLaneWords;  // a warp's 16 channels, one K block
@@ -243,7 +250,15 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
     }
   };
 
-  if (warp == kWarps) {  // the producer
+  // 128-row tiles: at launch each of the 384 threads has 168 registers (65536 over 12 warps' slots);
+  // then the producer warpgroup keeps kProducerRegs and the consumers take kConsumerRegs
+  // (256 · 224 + 128 · 56 = 168 · 384).
+  [[maybe_unused]] constexpr int kProducerRegs = 56, kConsumerRegs = 224;
+  if (warp >= kWarps) {  // the producer
+    if constexpr (T::kWide) {
+      ptx::warpgroup_registers_decrease<kProducerRegs>();
+      if (warp > kWarps) return;
+    }
     // The block's first unit, resolved once (its lookups go to L2: each costs the pipeline's start).
     Cursor start{.unit = static_cast<int>(blockIdx.x)};
     walk.resolve(start, p);
@@ -322,6 +337,7 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
   }
 
   // The consumers.
+  if constexpr (T::kWide) ptx::warpgroup_registers_increase<kConsumerRegs>();
   if (p.routing_settled) ptx::grid_dependency_wait();
   ptx::launch_dependents();
   Cursor compute{.unit = static_cast<int>(blockIdx.x)};
@@ -408,25 +424,35 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
     // (addresses stay below 2^18, so the 14-bit field takes the sum without a carry); the upper word
     // is constant.
     const uint32_t slot_lo = act_desc_lo + static_cast<uint32_t>(slot * T::kActSlotBytes >> 4);
-    float d[kAcc];
-    if constexpr (kProbe == kProbeNoTensor) {  // the operands folded into d instead
+    // 128-row tiles run one chain a 64-row part on the same A fragments (a third of the registers of
+    // one m64n128 chain's).
+    constexpr int kChainRows = kRows < 64 ? kRows : 64, kChainAcc = kChainRows / 2;
 #pragma unroll
-      for (int j = 0; j < kAcc; ++j) d[j] = __uint_as_float(a[j % kBlocksPerStage][j % 2][j % 4] ^ a[3][1][j % 4]);
-    } else {
-      wgmma::fence();
+    for (int part = 0; part < kRows / kChainRows; ++part) {
+      float d[kChainAcc];
+      if constexpr (kProbe == kProbeNoTensor) {  // the operands folded into d instead
 #pragma unroll
-      for (int b = 0; b < kBlocksPerStage; ++b) {
-        // K block b: half b / 2, bytes 64 · (b % 2) of each 128-byte row; its second K step 32 on.
-        const uint32_t lo = slot_lo + static_cast<uint32_t>(((b / 2) * T::kHalfBytes + (b % 2) * 64) >> 4);
-        wgmma::WgmmaE4m3<kRows>::mma(d, a[b][0], act_desc_hi | lo, b);
-        wgmma::WgmmaE4m3<kRows>::mma(d, a[b][1], act_desc_hi | (lo + (32 >> 4)), 1);
+        for (int j = 0; j < kChainAcc; ++j)
+          d[j] = __uint_as_float(a[j % kBlocksPerStage][j % 2][j % 4] ^ a[3][1][j % 4]);
+      } else {
+        wgmma::fence();
+#pragma unroll
+        for (int b = 0; b < kBlocksPerStage; ++b) {
+          // K block b: half b / 2, bytes 64 · (b % 2) of each 128-byte row (the part's rows from
+          // 64 · part on); its second K step 32 bytes on.
+          const int offset = (b / 2) * T::kHalfBytes + part * kChainRows * 128 + (b % 2) * 64;
+          const uint32_t lo = slot_lo + static_cast<uint32_t>(offset >> 4);
+          wgmma::WgmmaE4m3<kChainRows>::mma(d, a[b][0], act_desc_hi | lo, b);
+          wgmma::WgmmaE4m3<kChainRows>::mma(d, a[b][1], act_desc_hi | (lo + (32 >> 4)), 1);
+        }
+        wgmma::commit();
+        wgmma::wait<0>();
       }
-      wgmma::commit();
-      wgmma::wait<0>();
+      // Accumulator j of part p is the whole tile's accumulator p · kChainAcc + j (rows 64p on).
+#pragma unroll
+      for (int j = 0; j < kChainAcc; ++j) acc[part * kChainAcc + j] += d[j];
     }
     if (lane == 0) ptx::mbarrier_arrive(&sm.empty[slot]);  // this warp is done reading the slot
-#pragma unroll
-    for (int j = 0; j < kAcc; ++j) acc[j] += d[j];
     }
 
     if (compute.stage == compute.stages - 1) {  // the chunk's last stage: write its rows out
@@ -585,17 +611,21 @@ void launch(const GemmW4A8Args& p, cudaStream_t stream) {
 }
 
 // Rows of the average active expert decide the tile's rows, with room for twice the average (so
-// that a busier than average expert still streams its weights once).
-int token_tiles_for(int64_t rows, int64_t expert_slots) {
+// that a busier than average expert still streams its weights once), up to NIBBLE_MOE_MAX_TILE_ROWS
+// (64, or 128: an experiment; an expert with more rows takes several chunks, its weights read again,
+// mostly from L2).
+int token_tiles_for(int64_t rows, int64_t expert_slots, int max_tile_rows = 0) {
+  static const int fallback = env_or("NIBBLE_MOE_MAX_TILE_ROWS", kMaxTileRows);
+  const bool wide = (max_tile_rows > 0 ? max_tile_rows : fallback) >= 128;
   const int64_t per_expert = (rows + expert_slots - 1) / std::max<int64_t>(1, expert_slots);
-  return per_expert <= 4 ? 1 : per_expert <= 8 ? 2 : per_expert <= 16 ? 4 : 8;
+  return per_expert <= 4 ? 1 : per_expert <= 8 ? 2 : per_expert <= 16 ? 4 : per_expert <= 32 || !wide ? 8 : 16;
 }
 
 // Consumer warpgroups for a problem of N channels in tiles of `token_tiles` 8-row tiles (INT4 wgmma).
 int consumer_groups(int64_t n, int token_tiles) {
   static const int forced = std::clamp(env_or("NIBBLE_MOE_CONSUMER_GROUPS", 0), 0, 2);
   if (forced > 0) return forced;
-  return token_tiles == 2 && n >= kTwoGroupsMinN ? 2 : 1;
+  return (token_tiles == 2 && n >= kTwoGroupsMinN) || token_tiles == 16 ? 2 : 1;
 }
 
 // NIBBLE_MOE_MATH: "mma" or "wgmma" (measurements: bench/RESULTS.md).
@@ -618,12 +648,16 @@ bool takes_mma_sync(int token_tiles, GemmMath math) {
 
 template <int kTokenTiles>
 void launch_tiles(const GemmW4A8Args& p, cudaStream_t stream) {
-  if (p.weight_format == ExpertWeightFormat::kFp8) return launch<kTokenTiles, true, 1>(p, stream);
-  if constexpr (kTokenTiles <= 2)
-    if (takes_mma_sync(kTokenTiles, p.math)) return launch<kTokenTiles, false, 1, true>(p, stream);
-  const int groups = p.consumer_groups > 0 ? p.consumer_groups : consumer_groups(p.n, kTokenTiles);
-  if (groups == 2) return launch<kTokenTiles, false, 2>(p, stream);
-  launch<kTokenTiles, false, 1>(p, stream);
+  if constexpr (kTokenTiles == 16) {
+    launch<16, false, 2>(p, stream);  // INT4 only (the dispatch), always two consumer warpgroups
+  } else {
+    if (p.weight_format == ExpertWeightFormat::kFp8) return launch<kTokenTiles, true, 1>(p, stream);
+    if constexpr (kTokenTiles <= 2)
+      if (takes_mma_sync(kTokenTiles, p.math)) return launch<kTokenTiles, false, 1, true>(p, stream);
+    const int groups = p.consumer_groups > 0 ? p.consumer_groups : consumer_groups(p.n, kTokenTiles);
+    if (groups == 2) return launch<kTokenTiles, false, 2>(p, stream);
+    launch<kTokenTiles, false, 1>(p, stream);
+  }
 }
 
 }  // namespace
@@ -654,11 +688,13 @@ void moe_gemm_w4a8(const GemmW4A8Args& p, cudaStream_t stream) {
   check(p.splits >= 1 && p.expert_slots >= 1 && p.splits <= kblocks &&
             (p.splits - 1) * ((kblocks + p.splits - 1) / p.splits) < kblocks,
         "moe_gemm_w4a8: bad grid (", p.splits, " K splits of ", kblocks, " K blocks)");
-  switch (token_tiles_for(p.max_rows, p.expert_slots)) {
+  switch (token_tiles_for(p.max_rows, p.expert_slots, p.max_tile_rows)) {
     case 1: return launch_tiles<1>(p, stream);
     case 2: return launch_tiles<2>(p, stream);
     case 4: return launch_tiles<4>(p, stream);
-    default: return launch_tiles<8>(p, stream);
+    case 8: return launch_tiles<8>(p, stream);
+    default:  // 128-row tiles for INT4 weights; FP8 weights keep 64
+      return p.weight_format == ExpertWeightFormat::kFp8 ? launch_tiles<8>(p, stream) : launch_tiles<16>(p, stream);
   }
 }
 

@@ -55,6 +55,17 @@ __device__ inline void mbarrier_arrive(uint64_t* bar) {
 __device__ inline void cp_async_mbarrier_arrive(uint64_t* bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_address(bar)) : "memory");
 }
+// The executing warpgroup's registers a thread set to kRegs (a multiple of 8, 24..256), released to
+// or taken from the block's pool (setmaxnreg: every warp of the warpgroup executes it; an increase
+// waits until the pool holds enough).
+template <int kRegs>
+__device__ inline void warpgroup_registers_decrease() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+}
+template <int kRegs>
+__device__ inline void warpgroup_registers_increase() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+}
 // Barrier `id` (1..15) over `threads` threads of the block (a multiple of 32).
 __device__ inline void named_barrier_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");

@@ -142,13 +142,15 @@ TEST_P(MoeGemm, MatchesItsDefinition) {
     int groups;
     cuda::GemmMath math;
     bool settled;
+    int max_tile_rows;
     const char* name;
   };
-  for (const auto [groups, math, settled, name] :
-       {Variant{1, cuda::GemmMath::kWgmma, false, "wgmma, 1 consumer warpgroup"},
-        Variant{2, cuda::GemmMath::kWgmma, true, "wgmma, 2 consumer warpgroups, early weights"},
-        Variant{1, cuda::GemmMath::kMmaSync, false, "mma.sync"},
-        Variant{1, cuda::GemmMath::kMmaSync, true, "mma.sync, early weights"}}) {
+  for (const auto [groups, math, settled, max_tile_rows, name] :
+       {Variant{1, cuda::GemmMath::kWgmma, false, 64, "wgmma, 1 consumer warpgroup"},
+        Variant{2, cuda::GemmMath::kWgmma, true, 64, "wgmma, 2 consumer warpgroups, early weights"},
+        Variant{2, cuda::GemmMath::kWgmma, true, 128, "wgmma, up to 128-row tiles, early weights"},
+        Variant{1, cuda::GemmMath::kMmaSync, false, 64, "mma.sync"},
+        Variant{1, cuda::GemmMath::kMmaSync, true, 64, "mma.sync, early weights"}}) {
     Tensor d_out = poisoned(DType::kF32, {splits, rows, N});
     cuda::moe_gemm_w4a8({.weights = d_weights.raw(), .weight_scale = d_scale.data<float>(),
                          .act = d_codes.data<uint8_t>(), .act_scale = d_scales.data<float>(),
@@ -157,7 +159,7 @@ TEST_P(MoeGemm, MatchesItsDefinition) {
                          .expert_offsets = d_offsets.data<int32_t>(), .active_experts = d_active.data<int32_t>(),
                          .out = d_out.data<float>(), .max_rows = rows, .num_experts = E, .n = N, .k = K,
                          .expert_slots = slots, .splits = splits, .consumer_groups = groups, .math = math,
-                         .routing_settled = settled},
+                         .max_tile_rows = max_tile_rows, .routing_settled = settled},
                         nullptr);
     const Tensor out = cuda::download(d_out);
     std::vector<float> got(rows * N, 0.0f);
