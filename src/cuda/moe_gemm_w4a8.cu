@@ -59,9 +59,11 @@ enum Probe : int { kNoProbe = 0, kProbeNoTensor = 2, kProbeNoOperands = 3 };
 // gate_up (N 32768) 266 / 257.7, down (N 6144) 135 / 149.5; at 8-row tiles two lost (Grok-1 8 tokens
 // gate_up 187.5 / 208.5).
 constexpr int64_t kTwoGroupsMinN = 16384;
-// The most rows a tile (NIBBLE_MOE_MAX_TILE_ROWS overrides): 64, or 128 with two consumer warpgroups
-// and a producer warpgroup (an experiment, not yet measured).
-constexpr int kMaxTileRows = 64;
+// The most rows a tile (NIBBLE_MOE_MAX_TILE_ROWS=64 overrides): 128, with two consumer warpgroups and a
+// producer warpgroup. Measured on an H200 (bench/RESULTS.md, 2026-11-30, eleventh session), the MoE
+// layer on the decode path, µs with tiles of up to 64 / 128 rows: Mixtral 256 tokens 538.8 / 530.1,
+// 1024 1701.8 / 1378.3, 4096 6204.5 / 4694.6; Grok-1 tp 2 256 965.8 / 855.4, 1024 2939.4 / 2261.4.
+constexpr int kMaxTileRows = 128;
 // The decode tiles' tensor-core instructions (moe_gemm_w4a8.h: GemmMath) unless NIBBLE_MOE_MATH says:
 // mma.sync for tiles of 8 rows, wgmma above. Measured on an H200 (bench/RESULTS.md, 2026-11-30), ncu
 // µs of gate_up / down: Mixtral 1 token 37.3 / 22.0 against 42.3 / 34.7, Grok-1 (tp 2) 8 tokens
@@ -612,8 +614,7 @@ void launch(const GemmW4A8Args& p, cudaStream_t stream) {
 
 // Rows of the average active expert decide the tile's rows, with room for twice the average (so
 // that a busier than average expert still streams its weights once), up to NIBBLE_MOE_MAX_TILE_ROWS
-// (64, or 128: an experiment; an expert with more rows takes several chunks, its weights read again,
-// mostly from L2).
+// (128; an expert with more rows takes several chunks, its weights read again, mostly from L2).
 int token_tiles_for(int64_t rows, int64_t expert_slots, int max_tile_rows = 0) {
   static const int fallback = env_or("NIBBLE_MOE_MAX_TILE_ROWS", kMaxTileRows);
   const bool wide = (max_tile_rows > 0 ? max_tile_rows : fallback) >= 128;

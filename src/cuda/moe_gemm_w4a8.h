@@ -76,7 +76,7 @@ struct GemmW4A8Args {
   int consumer_groups = 0;      // wgmma consumer warpgroups a block, 1 or 2 (INT4 only); 0: the
                                 // NIBBLE_MOE_CONSUMER_GROUPS setting, else by shape (as choose_k_splits)
   GemmMath math = GemmMath::kDefault;  // INT4 weights, tiles of up to 16 rows; otherwise wgmma
-  int max_tile_rows = 0;        // 64 or 128 (INT4 only); 0: NIBBLE_MOE_MAX_TILE_ROWS, else 64
+  int max_tile_rows = 0;        // 64 or 128 (INT4 only); 0: NIBBLE_MOE_MAX_TILE_ROWS, else 128
   // The routing (expert_offsets, active_experts) was written two or more launches back in the stream
   // (launch.h), so the producer may start the first stages' weight copies before the kernel before
   // it has finished (the activations and their scales are read only after).

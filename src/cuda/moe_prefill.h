@@ -28,7 +28,7 @@ struct MoeWorkspace;
 // The prefill path pays when an expert's rows fill cuBLASLt tiles: T·K / E at or above this.
 // Measured on an H200 (bench/RESULTS.md, 2026-11-30, Mixtral's MoE layer): at 256 rows an expert
 // (1024 tokens) the decode kernel took 1701 µs and this path 2499; at 1024 rows (4096 tokens) this
-// path 4516 µs and the decode kernel (128-row tiles then) 7434.
+// path 4516 µs and the decode kernel 7434 (4695 with the eleventh session's 128-row tiles).
 inline constexpr int64_t kPrefillMinRowsPerExpert = 512;
 // Each expert's rows start at a multiple of this in the padded row space, so that every GEMM's
 // operands are 256-byte aligned and row counts (GEMM plans) come in steps of 16.
