@@ -426,33 +426,40 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
     // (addresses stay below 2^18, so the 14-bit field takes the sum without a carry); the upper word
     // is constant.
     const uint32_t slot_lo = act_desc_lo + static_cast<uint32_t>(slot * T::kActSlotBytes >> 4);
-    // 128-row tiles run one chain a 64-row part on the same A fragments (a third of the registers of
-    // one m64n128 chain's).
-    constexpr int kChainRows = kRows < 64 ? kRows : 64, kChainAcc = kChainRows / 2;
+    // 128-row tiles run one chain a 64-row part on the same A fragments, both issued before the first
+    // wait: the second part's products run while the first's are added to the fp32 sums.
+    constexpr int kChainRows = kRows < 64 ? kRows : 64, kChainAcc = kChainRows / 2, kParts = kRows / kChainRows;
+    float d[kParts][kChainAcc];
+    if constexpr (kProbe == kProbeNoTensor) {  // the operands folded into d instead
 #pragma unroll
-    for (int part = 0; part < kRows / kChainRows; ++part) {
-      float d[kChainAcc];
-      if constexpr (kProbe == kProbeNoTensor) {  // the operands folded into d instead
+      for (int part = 0; part < kParts; ++part)
 #pragma unroll
         for (int j = 0; j < kChainAcc; ++j)
-          d[j] = __uint_as_float(a[j % kBlocksPerStage][j % 2][j % 4] ^ a[3][1][j % 4]);
-      } else {
-        wgmma::fence();
+          d[part][j] = __uint_as_float(a[j % kBlocksPerStage][j % 2][j % 4] ^ a[3][1][(j + part) % 4]);
+    } else {
+      wgmma::fence();
+#pragma unroll
+      for (int part = 0; part < kParts; ++part) {
 #pragma unroll
         for (int b = 0; b < kBlocksPerStage; ++b) {
           // K block b: half b / 2, bytes 64 · (b % 2) of each 128-byte row (the part's rows from
           // 64 · part on); its second K step 32 bytes on.
           const int offset = (b / 2) * T::kHalfBytes + part * kChainRows * 128 + (b % 2) * 64;
           const uint32_t lo = slot_lo + static_cast<uint32_t>(offset >> 4);
-          wgmma::WgmmaE4m3<kChainRows>::mma(d, a[b][0], act_desc_hi | lo, b);
-          wgmma::WgmmaE4m3<kChainRows>::mma(d, a[b][1], act_desc_hi | (lo + (32 >> 4)), 1);
+          wgmma::WgmmaE4m3<kChainRows>::mma(d[part], a[b][0], act_desc_hi | lo, b);
+          wgmma::WgmmaE4m3<kChainRows>::mma(d[part], a[b][1], act_desc_hi | (lo + (32 >> 4)), 1);
         }
         wgmma::commit();
-        wgmma::wait<0>();
       }
-      // Accumulator j of part p is the whole tile's accumulator p · kChainAcc + j (rows 64p on).
+      wgmma::wait<kParts - 1>();
+    }
+    // Accumulator j of part p is the whole tile's accumulator p · kChainAcc + j (rows 64p on).
 #pragma unroll
-      for (int j = 0; j < kChainAcc; ++j) acc[part * kChainAcc + j] += d[j];
+    for (int j = 0; j < kChainAcc; ++j) acc[j] += d[0][j];
+    if constexpr (kParts == 2) {
+      if constexpr (kProbe != kProbeNoTensor) wgmma::wait<0>();
+#pragma unroll
+      for (int j = 0; j < kChainAcc; ++j) acc[kChainAcc + j] += d[1][j];
     }
     if (lane == 0) ptx::mbarrier_arrive(&sm.empty[slot]);  // this warp is done reading the slot
     }
