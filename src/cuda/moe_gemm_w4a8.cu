@@ -348,8 +348,35 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
   [[maybe_unused]] const uint64_t act_desc = wgmma::descriptor_sw128(&sm.act[0][0]);
   [[maybe_unused]] const auto act_desc_lo = static_cast<uint32_t>(act_desc);
   [[maybe_unused]] const uint64_t act_desc_hi = act_desc & 0xFFFFFFFF00000000ull;  // swizzle, 8-row stride
+  // The epilogue's rows: kThreadsPerRow consumers a row of the chunk, each summing every
+  // kThreadsPerRow-th K block's Σ a.
+  constexpr int kThreadsPerRow = kConsumers / kRows;
+  const int rr = threadIdx.x / kThreadsPerRow, rpart = threadIdx.x % kThreadsPerRow;
+  // 128-row tiles ask for the first kEarlySums of those (and the row's scale) as the chunk's last stage
+  // starts, so that the loads run under its wait and math: summed after it, they stalled about a tenth
+  // of the kernel's samples (ncu source, Mixtral 1024 tokens).
+  constexpr int kEarlySums = T::kWide ? 32 : 0;
+  [[maybe_unused]] float early_sums[kEarlySums > 0 ? kEarlySums : 1];
+  [[maybe_unused]] float early_scale = 0.0f;
+  auto act_row_of = [&](const Cursor& c) -> int64_t {
+    const int r = c.chunk * kRows + rr;
+    const int64_t pos = c.row_begin + r;
+    return r < c.rows ? (p.act_row ? __ldg(p.act_row + pos) : pos) : -1;
+  };
   for (int step = 0; walk.valid(compute); ++step) {
     const int slot = step % kStages;
+    if constexpr (kEarlySums > 0) {
+      if (compute.stage == compute.stages - 1) {
+        const int64_t act_row = act_row_of(compute);
+        const float* sums = p.act_sums + (act_row >= 0 ? act_row : 0) * walk.kblocks + compute.kb_begin;
+#pragma unroll
+        for (int i = 0; i < kEarlySums; ++i) {
+          const int kb = rpart + i * kThreadsPerRow;
+          early_sums[i] = act_row >= 0 && kb < compute.kb_count ? __ldg(sums + kb) : 0.0f;
+        }
+        early_scale = act_row >= 0 ? __ldg(p.act_scale + act_row) : 0.0f;
+      }
+    }
     ptx::mbarrier_wait(&sm.full[slot], (step / kStages) & 1);
 
     const int first = compute.kb_begin + compute.stage * kBlocksPerStage;
@@ -426,63 +453,47 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
     // (addresses stay below 2^18, so the 14-bit field takes the sum without a carry); the upper word
     // is constant.
     const uint32_t slot_lo = act_desc_lo + static_cast<uint32_t>(slot * T::kActSlotBytes >> 4);
-    // 128-row tiles run one chain a 64-row part on the same A fragments, both issued before the first
-    // wait: the second part's products run while the first's are added to the fp32 sums.
-    constexpr int kChainRows = kRows < 64 ? kRows : 64, kChainAcc = kChainRows / 2, kParts = kRows / kChainRows;
-    float d[kParts][kChainAcc];
+    // One chain of m64 × kRows products (128-row tiles: n128, the tensor cores' best rate on A from
+    // registers), then added to the fp32 sums.
+    float d[kAcc];
     if constexpr (kProbe == kProbeNoTensor) {  // the operands folded into d instead
 #pragma unroll
-      for (int part = 0; part < kParts; ++part)
-#pragma unroll
-        for (int j = 0; j < kChainAcc; ++j)
-          d[part][j] = __uint_as_float(a[j % kBlocksPerStage][j % 2][j % 4] ^ a[3][1][(j + part) % 4]);
+      for (int j = 0; j < kAcc; ++j) d[j] = __uint_as_float(a[j % kBlocksPerStage][j % 2][j % 4] ^ a[3][1][j % 4]);
     } else {
       wgmma::fence();
 #pragma unroll
-      for (int part = 0; part < kParts; ++part) {
-#pragma unroll
-        for (int b = 0; b < kBlocksPerStage; ++b) {
-          // K block b: half b / 2, bytes 64 · (b % 2) of each 128-byte row (the part's rows from
-          // 64 · part on); its second K step 32 bytes on.
-          const int offset = (b / 2) * T::kHalfBytes + part * kChainRows * 128 + (b % 2) * 64;
-          const uint32_t lo = slot_lo + static_cast<uint32_t>(offset >> 4);
-          wgmma::WgmmaE4m3<kChainRows>::mma(d[part], a[b][0], act_desc_hi | lo, b);
-          wgmma::WgmmaE4m3<kChainRows>::mma(d[part], a[b][1], act_desc_hi | (lo + (32 >> 4)), 1);
-        }
-        wgmma::commit();
+      for (int b = 0; b < kBlocksPerStage; ++b) {
+        // K block b: half b / 2, bytes 64 · (b % 2) of each 128-byte row; its second K step 32 bytes on.
+        const uint32_t lo = slot_lo + static_cast<uint32_t>(((b / 2) * T::kHalfBytes + (b % 2) * 64) >> 4);
+        wgmma::WgmmaE4m3<kRows>::mma(d, a[b][0], act_desc_hi | lo, b);
+        wgmma::WgmmaE4m3<kRows>::mma(d, a[b][1], act_desc_hi | (lo + (32 >> 4)), 1);
       }
-      wgmma::wait<kParts - 1>();
+      wgmma::commit();
+      wgmma::wait<0>();
     }
-    // Accumulator j of part p is the whole tile's accumulator p · kChainAcc + j (rows 64p on).
 #pragma unroll
-    for (int j = 0; j < kChainAcc; ++j) acc[j] += d[0][j];
-    if constexpr (kParts == 2) {
-      if constexpr (kProbe != kProbeNoTensor) wgmma::wait<0>();
-#pragma unroll
-      for (int j = 0; j < kChainAcc; ++j) acc[kChainAcc + j] += d[1][j];
-    }
+    for (int j = 0; j < kAcc; ++j) acc[j] += d[j];
     if (lane == 0) ptx::mbarrier_arrive(&sm.empty[slot]);  // this warp is done reading the slot
     }
 
     if (compute.stage == compute.stages - 1) {  // the chunk's last stage: write its rows out
       // Each row's Σ a over this split's K blocks (INT4's offset correction) and its scale.
-      constexpr int kThreadsPerRow = kConsumers / kRows;
-      const int rr = threadIdx.x / kThreadsPerRow, part = threadIdx.x % kThreadsPerRow;
-      const int r = compute.chunk * kRows + rr;
-      const int64_t pos = compute.row_begin + r;
-      const int64_t act_row = r < compute.rows ? (p.act_row ? p.act_row[pos] : pos) : -1;
+      const int64_t act_row = act_row_of(compute);
       float sum = 0.0f;
+#pragma unroll
+      for (int i = 0; i < kEarlySums; ++i) sum += early_sums[i];
       if (!kFp8 && act_row >= 0) {
         const float* sums = p.act_sums + act_row * walk.kblocks + compute.kb_begin;
 #pragma unroll(kMma ? 4 : 8)
-        for (int kb = part; kb < compute.kb_count; kb += kThreadsPerRow) sum += sums[kb];
+        for (int kb = rpart + kEarlySums * kThreadsPerRow; kb < compute.kb_count; kb += kThreadsPerRow)
+          sum += sums[kb];
       }
 #pragma unroll
       for (int o = kThreadsPerRow / 2; o > 0; o /= 2) sum += __shfl_xor_sync(0xFFFFFFFFu, sum, o);
       ptx::named_barrier_sync(1, kConsumers);  // every consumer is done with the previous chunk's rows
-      if (part == 0) {
+      if (rpart == 0) {
         sm.token_sum[rr] = sum;
-        sm.token_scale[rr] = act_row >= 0 ? p.act_scale[act_row] : 0.0f;
+        sm.token_scale[rr] = kEarlySums > 0 ? early_scale : act_row >= 0 ? p.act_scale[act_row] : 0.0f;
       }
       if constexpr (kMma) {  // the partial sums of the other warps' channel tiles
 #pragma unroll
