@@ -352,10 +352,11 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
   // kThreadsPerRow-th K block's Σ a.
   constexpr int kThreadsPerRow = kConsumers / kRows;
   const int rr = threadIdx.x / kThreadsPerRow, rpart = threadIdx.x % kThreadsPerRow;
-  // 128-row tiles ask for the first kEarlySums of those (and the row's scale) as the chunk's last stage
-  // starts, so that the loads run under its wait and math: summed after it, they stalled about a tenth
-  // of the kernel's samples (ncu source, Mixtral 1024 tokens).
-  constexpr int kEarlySums = T::kWide ? 32 : 0;
+  // The wgmma tiles ask for the first kEarlySums of those (64 K blocks in all: Mixtral's gate_up whole)
+  // and the row's scale as the chunk's last stage starts, so that the loads run under its wait and
+  // math: summed after it, they stalled about a tenth of the 128-row tiles' samples (ncu source,
+  // Mixtral 1024 tokens).
+  constexpr int kEarlySums = kMma || kFp8 ? 0 : 64 / kThreadsPerRow < 32 ? 64 / kThreadsPerRow : 32;
   [[maybe_unused]] float early_sums[kEarlySums > 0 ? kEarlySums : 1];
   [[maybe_unused]] float early_scale = 0.0f;
   auto act_row_of = [&](const Cursor& c) -> int64_t {
