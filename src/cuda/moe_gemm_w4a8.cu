@@ -352,11 +352,14 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
   // kThreadsPerRow-th K block's Σ a.
   constexpr int kThreadsPerRow = kConsumers / kRows;
   const int rr = threadIdx.x / kThreadsPerRow, rpart = threadIdx.x % kThreadsPerRow;
-  // The wgmma tiles ask for the first kEarlySums of those (64 K blocks in all: Mixtral's gate_up whole)
-  // and the row's scale as the chunk's last stage starts, so that the loads run under its wait and
-  // math: summed after it, they stalled about a tenth of the 128-row tiles' samples (ncu source,
-  // Mixtral 1024 tokens).
-  constexpr int kEarlySums = kMma || kFp8 ? 0 : 64 / kThreadsPerRow < 32 ? 64 / kThreadsPerRow : 32;
+  // Tiles of 64 and 128 rows ask for the first kEarlySums of those (64 K blocks in all: Mixtral's
+  // gate_up whole) and the row's scale as the chunk's last stage starts, so that the loads run under
+  // its wait and math: summed after it, they stalled about a tenth of the 128-row tiles' samples (ncu
+  // source, Mixtral 1024 tokens). Measured on an H200 (bench/RESULTS.md, 2026-11-30), ncu µs of
+  // gate_up / down without and with: Mixtral 128 tokens 225.6 / 115.8 against 220.3 / 111.5; 16-row
+  // tiles lost (Mixtral 32 tokens 136.5 / 67.3 against 138.9 / 68.5; the engine at batch 32 9.52
+  // against 9.80 ms a step), and keep their sums for the epilogue.
+  constexpr int kEarlySums = kMma || kFp8 || kRows < 64 ? 0 : 64 / kThreadsPerRow;
   [[maybe_unused]] float early_sums[kEarlySums > 0 ? kEarlySums : 1];
   [[maybe_unused]] float early_scale = 0.0f;
   auto act_row_of = [&](const Cursor& c) -> int64_t {
