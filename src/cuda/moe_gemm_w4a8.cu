@@ -3,11 +3,12 @@
 // Work is cut into units of (active expert, 64 or 128 output channels, K split); a persistent grid of
 // blocks walks them with a static stride (units per block differ by at most one), each unit chunk by
 // chunk of kRows rows (one chunk unless an expert has more rows than the tile). Each block is one (or
-// two, sharing the activations) consumer warpgroups and one producer warp: the producer runs the
-// block's pipeline across its units (no fill or drain between them), each consumer warp's weights for
-// a stage arriving as one bulk copy and the activations as two boxes of a TMA tensor map (mma.sync: a
-// bulk copy a row), all completing on the stage's mbarrier; the consumers hand each slot back on a
-// second mbarrier.
+// two, sharing the activations) consumer warpgroups and one producer warp (128-row tiles: a producer
+// warpgroup, one warp of which copies, that hands its registers to the two consumer warpgroups): the
+// producer runs the block's pipeline across its units (no fill or drain between them), each consumer
+// warp's weights for a stage arriving as one bulk copy and the activations as two boxes of a TMA
+// tensor map (mma.sync: a bulk copy a row), all completing on the stage's mbarrier; the consumers hand
+// each slot back on a second mbarrier.
 // wgmma: weights go to registers as wgmma A fragments; activations (rows in sorted order, so that a
 // chunk's rows are one box) sit in shared memory 128-byte swizzled, as wgmma's SWIZZLE_128B operands.
 // The tensor cores sum 256 K at a time (a stage); every 256 K is added to fp32 registers, so
