@@ -31,9 +31,13 @@ constexpr int kConsumers = kConsumerWarps * 32;
 constexpr int kThreads = kConsumers + 32;  // and the producer warp
 constexpr int kStageBytes = 16 * 1024;
 constexpr int kMaxStages = 8;
-// The rows a consumer warp takes of a stage unless Fp8GemvArgs or NIBBLE_GEMV_ROWS say (2 or 4): 16 rows
-// a stage over 1024 bytes of K, or 32 over 512.
+// The rows a consumer warp takes of a stage unless Fp8GemvArgs or NIBBLE_GEMV_ROWS say (1, 2 or 4): 8
+// rows a stage over 2048 bytes of K, 16 over 1024, or 32 over 512.
 constexpr int kDefaultRows = 2;
+// Ring stages a block (NIBBLE_GEMV_STAGES, at most kMaxStages and what shared memory holds) and blocks
+// an SM (NIBBLE_GEMV_BLOCKS_PER_SM: the grid) unless the environment says (tuning).
+constexpr int kDefaultStages = 8;
+constexpr int kDefaultBlocksPerSm = 1;
 template <int kRows>
 constexpr int kSlice = kStageBytes / (kConsumerWarps * kRows);  // bytes of K a stage
 template <int kRows>
@@ -115,7 +119,7 @@ __device__ void quantize_x(const Fp8GemvArgs& p, float* xq, float (&partial)[kCo
 }
 
 template <int kTokens, int kRows>
-__global__ void __launch_bounds__(kThreads, 1) fp8_gemv_kernel(const __grid_constant__ Fp8GemvArgs p, int stages) {
+__global__ void __launch_bounds__(kThreads) fp8_gemv_kernel(const __grid_constant__ Fp8GemvArgs p, int stages) {
   constexpr int kGroupRows = kConsumerWarps * kRows;
   constexpr int kSliceBytes = kSlice<kRows>, kSliceChunks = kSliceBytes / 16;
   extern __shared__ float4 smem[];
@@ -220,6 +224,11 @@ __global__ void __launch_bounds__(kThreads, 1) fp8_gemv_kernel(const __grid_cons
   }
 }
 
+int env_int(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  return v != nullptr && *v != '\0' ? std::atoi(v) : fallback;
+}
+
 template <int kTokens, int kRows>
 void launch_rows(const Fp8GemvArgs& p, cudaStream_t stream) {
   static const int smem_limit = [] {
@@ -229,13 +238,15 @@ void launch_rows(const Fp8GemvArgs& p, cudaStream_t stream) {
     return bytes - 2048;  // the kernel's static shared memory
   }();
   const int64_t xq_bytes = kTokens * padded_k(p.k) * static_cast<int64_t>(sizeof(float));
-  const int stages = static_cast<int>(std::min<int64_t>(kMaxStages, (smem_limit - xq_bytes) / kStageBytes));
+  static const int stages_wanted = std::clamp(env_int("NIBBLE_GEMV_STAGES", kDefaultStages), 2, kMaxStages);
+  static const int blocks_per_sm = std::clamp(env_int("NIBBLE_GEMV_BLOCKS_PER_SM", kDefaultBlocksPerSm), 1, 4);
+  const int stages = static_cast<int>(std::min<int64_t>(stages_wanted, (smem_limit - xq_bytes) / kStageBytes));
   check(stages >= 2, "fp8_gemv: K ", p.k, " leaves shared memory for ", stages, " stages");
   const auto smem = static_cast<int>(xq_bytes + int64_t{stages} * kStageBytes);
   auto* kernel = fp8_gemv_kernel<kTokens, kRows>;
   allow_dynamic_smem(reinterpret_cast<const void*>(kernel), smem_limit);  // once per kernel and device
   const int64_t groups = (p.n + kConsumerWarps * kRows - 1) / (kConsumerWarps * kRows);
-  const auto blocks = static_cast<unsigned>(std::min<int64_t>(groups, multiprocessor_count()));
+  const auto blocks = static_cast<unsigned>(std::min<int64_t>(groups, int64_t{blocks_per_sm} * multiprocessor_count()));
   launch_kernel(kernel, blocks, kThreads, smem, stream, p, stages);
   cuda_check(cudaGetLastError());
 }
@@ -243,13 +254,13 @@ void launch_rows(const Fp8GemvArgs& p, cudaStream_t stream) {
 template <int kTokens>
 void launch(const Fp8GemvArgs& p, cudaStream_t stream) {
   static const int setting = [] {
-    const char* v = std::getenv("NIBBLE_GEMV_ROWS");
-    const int rows = v != nullptr && *v != '\0' ? std::atoi(v) : kDefaultRows;
-    check(rows == 2 || rows == 4, "NIBBLE_GEMV_ROWS must be 2 or 4, not ", rows);
+    const int rows = env_int("NIBBLE_GEMV_ROWS", kDefaultRows);
+    check(rows == 1 || rows == 2 || rows == 4, "NIBBLE_GEMV_ROWS must be 1, 2 or 4, not ", rows);
     return rows;
   }();
   const int rows = p.rows_per_warp > 0 ? p.rows_per_warp : setting;
-  check(rows == 2 || rows == 4, "fp8_gemv: ", rows, " rows a warp (2 or 4)");
+  check(rows == 1 || rows == 2 || rows == 4, "fp8_gemv: ", rows, " rows a warp (1, 2 or 4)");
+  if (rows == 1) return launch_rows<kTokens, 1>(p, stream);
   if (rows == 4) return launch_rows<kTokens, 4>(p, stream);
   launch_rows<kTokens, 2>(p, stream);
 }
