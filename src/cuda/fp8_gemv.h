@@ -26,7 +26,7 @@ struct Fp8GemvArgs {
   // over x's row or, row-parallel under tensor parallelism, amax_in[t] (reduced over the ranks).
   float static_scale = 0.0f;
   const float* amax_in = nullptr;  // (tokens)
-  int rows_per_warp = 0;  // output channels a consumer warp takes a stage, 1, 2 or 4; 0: NIBBLE_GEMV_ROWS, else 2
+  int rows_per_warp = 0;  // output channels a warp takes, 2 or 4; 0: NIBBLE_GEMV_ROWS, else the default
 };
 
 // Whether the kernel takes these sizes (tokens, and K whose quantized rows fit shared memory).

@@ -304,7 +304,7 @@ TEST(Fp8Gemv, MatchesItsDefinition) {
       Tensor d_amax = cuda::upload(Tensor::zeros(DType::kF32, {c.t}));
       cuda_check(cudaMemcpy(d_amax.raw(), amax_in.data(), c.t * sizeof(float), cudaMemcpyHostToDevice));
       for (const bool f32 : {true, false})
-        for (const int rows : {1, 2, 4}) {
+        for (const int rows : {2, 4}) {
           Tensor out = testing::poisoned(f32 ? DType::kF32 : DType::kBF16, {c.t, c.n});
           cuda::fp8_gemv({.x = d_x.raw(), .w = d_w.data<uint8_t>(), .w_scale = d_scale.data<float>(), .out = out.raw(),
                           .out_f32 = f32, .tokens = c.t, .n = c.n, .k = c.k, .static_scale = static_scale,
