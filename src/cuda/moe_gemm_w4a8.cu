@@ -40,6 +40,14 @@ constexpr int kBlocksPerStage = 4;  // 64-wide K blocks per pipeline stage (256 
 // 4 stages ahead cost 10-16% at 1-32 tokens, and 6 units per SM beat 12 and 24.
 constexpr int kPrefetchStages = 0;
 constexpr int kUnitsPerSm = 6;
+// A K split keeps at least this many stages (a unit's pipeline runs long enough to pay for its start),
+// unless the GPU would then hold fewer than kMinUnitsPerSm units an SM. Measured on an H200
+// (bench/RESULTS.md, twelfth session, the MoE layer graph-replayed, one token, µs with 3 / 4 / 5 / 6
+// units an SM): Mixtral 78.7 / 82.1 / 80.8 / 82.1 (its down projection in 4 / 5 / 5 / 7 splits of
+// 14 / 11 / 11 / 8 stages), Grok-1 tp 2 117.4 / 117.5 / 108.7 / 112.1 (3 / 3 / 4 / 5 splits of 22 / 22
+// / 16 / 13 stages); Mixtral-8x7B decode at batch 1 3.67 ms a step at 3 units against 3.77.
+constexpr int kMinUnitStages = 14;
+constexpr int kMinUnitsPerSm = 2;
 // With settled routing, stages past the first kStages whose weights L2 is asked for before the grid
 // dependency wait; NIBBLE_MOE_EARLY_L2_STAGES overrides it (tuning). Measured on an H200
 // (bench/RESULTS.md, 2026-11-30, nibble-bench-moe, the MoE layer graph-replayed, µs at 0 / 4 / 8
@@ -693,12 +701,14 @@ int64_t choose_k_splits(int64_t n, int64_t k, int64_t expert_slots, int64_t rows
   const int64_t pairs = expert_slots * ((n / 16 + warps - 1) / warps);  // (expert, a block's channels)
   static const int units_per_sm = env_or("NIBBLE_MOE_UNITS_PER_SM", kUnitsPerSm);
   const int64_t most = std::max<int64_t>(1, kblocks / kBlocksPerStage);
+  const int64_t long_units = std::max<int64_t>(kblocks / (kBlocksPerStage * kMinUnitStages),
+                                               (int64_t{num_sms} * kMinUnitsPerSm + pairs - 1) / pairs);
   auto no_empty_split = [&](int64_t splits) {
     const int64_t per_split = (kblocks + splits - 1) / splits;
     return (kblocks + per_split - 1) / per_split;
   };
   const int64_t target = static_cast<int64_t>(num_sms) * units_per_sm;
-  return no_empty_split(std::clamp<int64_t>((target + pairs - 1) / pairs, 1, most));
+  return no_empty_split(std::clamp<int64_t>(std::min((target + pairs - 1) / pairs, long_units), 1, most));
 }
 
 bool moe_gemm_w4a8_reads_sorted(ExpertWeightFormat format, int64_t rows, int64_t expert_slots) {
