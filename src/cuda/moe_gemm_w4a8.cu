@@ -41,7 +41,8 @@ constexpr int kBlocksPerStage = 4;  // 64-wide K blocks per pipeline stage (256 
 constexpr int kPrefetchStages = 0;
 constexpr int kUnitsPerSm = 6;
 // A K split keeps at least this many stages (a unit's pipeline runs long enough to pay for its start),
-// unless the GPU would then hold fewer than kMinUnitsPerSm units an SM. Measured on an H200
+// unless the GPU would then hold fewer than kMinUnitsPerSm units an SM; NIBBLE_MOE_MIN_UNIT_STAGES
+// overrides it (tuning). Measured on an H200
 // (bench/RESULTS.md, twelfth session, the MoE layer graph-replayed, one token, µs with 3 / 4 / 5 / 6
 // units an SM): Mixtral 78.7 / 82.1 / 80.8 / 82.1 (its down projection in 4 / 5 / 5 / 7 splits of
 // 14 / 11 / 11 / 8 stages), Grok-1 tp 2 117.4 / 117.5 / 108.7 / 112.1 (3 / 3 / 4 / 5 splits of 22 / 22
@@ -701,7 +702,8 @@ int64_t choose_k_splits(int64_t n, int64_t k, int64_t expert_slots, int64_t rows
   const int64_t pairs = expert_slots * ((n / 16 + warps - 1) / warps);  // (expert, a block's channels)
   static const int units_per_sm = env_or("NIBBLE_MOE_UNITS_PER_SM", kUnitsPerSm);
   const int64_t most = std::max<int64_t>(1, kblocks / kBlocksPerStage);
-  const int64_t long_units = std::max<int64_t>(kblocks / (kBlocksPerStage * kMinUnitStages),
+  static const int min_unit_stages = std::max(1, env_or("NIBBLE_MOE_MIN_UNIT_STAGES", kMinUnitStages));
+  const int64_t long_units = std::max<int64_t>(kblocks / (kBlocksPerStage * min_unit_stages),
                                                (int64_t{num_sms} * kMinUnitsPerSm + pairs - 1) / pairs);
   auto no_empty_split = [&](int64_t splits) {
     const int64_t per_split = (kblocks + splits - 1) / splits;
