@@ -292,6 +292,34 @@ TEST(MoeLayerPrefill, ChunkedMatchesCpuTwin) {
 
 // The prefill path's host plan (no GPU needed): padded offsets, expert groups, chunks and windows
 // for random expert loads (some experts empty), checked against their definitions.
+// The decode GEMM's K splits (host only): aimed at 6 units an SM, but each split keeps at least 14
+// stages of 256 K unless the GPU would then hold fewer than 2 units an SM. Hand-derived from that
+// rule on 132 SMs (bench/RESULTS.md, twelfth session, measured the one-token cases).
+TEST(ChooseKSplits, KeepsUnitsLongUnlessTheGpuWouldStarve) {
+  struct Case {
+    const char* what;
+    int64_t n, k, experts, top_k, tokens, splits;
+  };
+  for (const Case c : {
+           // 2 slots × 64 channel groups = 128 pairs: 6 units an SM asks 7 splits; 224 K blocks keep 4
+           // splits of 14 stages; 4 × 128 units fill 2 an SM.
+           Case{"Mixtral down, 1 token", 4096, 14336, 8, 2, 1, 4},
+           // 8 slots: 512 pairs ask 2 splits, within the 4 long ones.
+           Case{"Mixtral down, 8 tokens", 4096, 14336, 8, 2, 8, 2},
+           // 896 pairs fill the GPU unsplit.
+           Case{"Mixtral gate_up, 1 token", 28672, 4096, 8, 2, 1, 1},
+           // 112 K blocks keep 2 long splits, but 2 × 128 units are fewer than 2 an SM: 3.
+           Case{"Mixtral tp 2 down, 1 token", 4096, 7168, 8, 2, 1, 3},
+           // 192 pairs ask 5 splits; 256 K blocks keep 4.
+           Case{"Grok-1 tp 2 down, 1 token", 6144, 16384, 8, 2, 1, 4},
+           // 8 slots × 64 groups = 512 pairs ask 2 splits of 56 K blocks (14 stages): allowed.
+           Case{"DeepSeek-V3 gate_up, 1 token", 4096, 7168, 256, 8, 1, 2},
+       }) {
+    const int64_t rows = c.tokens * c.top_k, slots = std::min(c.experts, rows);
+    EXPECT_EQ(cuda::choose_k_splits(c.n, c.k, slots, rows, 132), c.splits) << c.what;
+  }
+}
+
 TEST(MoePrefillPlan, CoversEveryRowOnceWithinTheLimits) {
   std::mt19937 rng(17);
   for (int trial = 0; trial < 200; ++trial) {
