@@ -1,17 +1,21 @@
-// Paged causal attention over a BF16 or FP8 KV cache (GQA, optional logit soft-cap): the KV append,
-// then the split-KV decode kernel (attention_decode.h) when every sequence brings one token, else the
-// tensor-core prefill kernel (attention_prefill.h) for head_dim 128, else the plain version: one block
-// per (query token, head) scoring every cached key of its sequence, correct for any context the shared
-// memory holds (positions up to 12288).
+// Paged causal attention over a BF16 or FP8 KV cache (GQA, optional logit soft-cap): the KV append
+// (inside the decode kernel on rope_attention's decode steps), then the split-KV decode kernel
+// (attention_decode.h) when every sequence brings one token, else the tensor-core prefill kernel
+// (attention_prefill.h) for head_dim 128, else the plain version: one block per (query token, head)
+// scoring every cached key of its sequence, correct for any context the shared memory holds
+// (positions up to 12288).
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 
 #include <cfloat>
+#include <cstdlib>
+#include <string_view>
 
 #include "cuda/attention_decode.h"
 #include "cuda/attention_prefill.h"
 #include "cuda/basic_ops.h"
 #include "cuda/cuda_check.h"
+#include "cuda/kv_store.cuh"
 #include "cuda/launch.h"
 #include "cuda/ptx.cuh"
 #include "cuda/rope.cuh"
@@ -55,26 +59,9 @@ __global__ void append_kv_kernel(const __grid_constant__ AttentionArgs p) {
   for (int64_t i = threadIdx.x; i < kv_width; i += blockDim.x) {
     const float k = __bfloat162float(p.qkv[t * width + p.heads * p.head_dim + i]);
     const float v = __bfloat162float(p.qkv[t * width + p.heads * p.head_dim + kv_width + i]);
-    if (p.fp8) {
-      static_cast<__nv_fp8_storage_t*>(p.k_cache)[slot * kv_width + i] =
-          __nv_cvt_float_to_fp8(k / p.k_scale, __NV_SATFINITE, __NV_E4M3);
-      static_cast<__nv_fp8_storage_t*>(p.v_cache)[slot * kv_width + i] =
-          __nv_cvt_float_to_fp8(v / p.v_scale, __NV_SATFINITE, __NV_E4M3);
-    } else {
-      static_cast<bf16*>(p.k_cache)[slot * kv_width + i] = __float2bfloat16_rn(k);
-      static_cast<bf16*>(p.v_cache)[slot * kv_width + i] = __float2bfloat16_rn(v);
-    }
+    store_kv(p.k_cache, p.fp8, p.k_scale, slot * kv_width + i, k);
+    store_kv(p.v_cache, p.fp8, p.v_scale, slot * kv_width + i, v);
   }
-}
-
-// A token's k head or v head (8 elements from k_or_v, BF16 values) into the cache at `index`.
-__device__ inline void store8_kv(void* cache, bool fp8, float scale, int64_t index, const float (&v)[kVec]) {
-  if (!fp8) return store8(static_cast<bf16*>(cache) + index, v);
-  uint2 u;
-  auto* bytes = reinterpret_cast<__nv_fp8_storage_t*>(&u);
-#pragma unroll
-  for (int j = 0; j < kVec; ++j) bytes[j] = __nv_cvt_float_to_fp8(v[j] / scale, __NV_SATFINITE, __NV_E4M3);
-  *reinterpret_cast<uint2*>(static_cast<__nv_fp8_storage_t*>(cache) + index) = u;
 }
 
 // rope_kernel (basic_ops.cu) and append_kv_kernel in one launch. Grid (T, items / kRopeThreads), an
@@ -155,7 +142,21 @@ __global__ void attention_kernel(const __grid_constant__ AttentionArgs p) {
   }
 }
 
-// The KV append (with RoPE first when inv_freq is given: then qkv is written too), then attention.
+// Whether decode steps of rope_attention leave RoPE and the KV append to the decode kernel (one launch
+// fewer a layer): NIBBLE_DECODE_APPEND=decode (the default) or kernel (the separate append kernel).
+bool decode_appends() {
+  static const bool fused = [] {
+    const char* v = std::getenv("NIBBLE_DECODE_APPEND");
+    const std::string_view name = v != nullptr ? v : "";
+    check(name.empty() || name == "decode" || name == "kernel", "NIBBLE_DECODE_APPEND must be decode or kernel, not ",
+          name);
+    return name != "kernel";
+  }();
+  return fused;
+}
+
+// The KV append (with RoPE first when inv_freq is given: then qkv is written too, except on decode
+// steps that the decode kernel rotates and appends itself), then attention.
 void append_and_attend(const Tensor& qkv, const Tensor* inv_freq, KvCacheLayer& cache, KvCacheDType cache_dtype,
                        const ForwardBatch& batch, const AttentionParams& params, Tensor& out, cudaStream_t stream) {
   const int64_t width = (params.num_heads + 2 * params.num_kv_heads) * params.head_dim;
@@ -178,6 +179,8 @@ void append_and_attend(const Tensor& qkv, const Tensor* inv_freq, KvCacheLayer& 
                         .logit_softcap = params.logit_softcap};
   if (inv_freq != nullptr) {
     expect(*inv_freq, DType::kF32, {params.head_dim / 2}, "rope inv_freq");
+    if (decode && decode_appends())
+      return attention_decode(qkv, cache, cache_dtype, batch, params, out, stream, inv_freq);
     check(params.head_dim % (2 * kVec) == 0, "rope: head_dim ", params.head_dim, " is not a multiple of ", 2 * kVec);
     // Items a token: 8 rotated pairs of a q or k head, 8 elements of the v heads.
     const int64_t items = (params.num_heads + params.num_kv_heads) * (params.head_dim / 2 / kVec) +

@@ -16,8 +16,10 @@
 #include "cuda/attention_mma.cuh"
 #include "cuda/cuda_check.h"
 #include "cuda/device.h"
+#include "cuda/kv_store.cuh"
 #include "cuda/launch.h"
 #include "cuda/ptx.cuh"
+#include "cuda/rope.cuh"
 
 namespace nibble::cuda {
 namespace {
@@ -48,7 +50,32 @@ struct DecodeArgs {
   int heads, kv_heads, group, splits;
   int chunk_align;  // a slice's keys are a multiple of this (kWarps · kWarpKeys: every warp the same tiles)
   float q_scale, logit_softcap, v_scale;
+  // rope_attention's decode steps (attention_decode.h), else inv_freq null.
+  const float* inv_freq;         // (D / 2)
+  const int32_t* positions;      // (S)
+  const int32_t* slot_mapping;   // (S)
+  void* k_store;                 // the caches, where the new key and value go
+  void* v_store;
+  float k_store_scale, v_store_scale;  // FP8: code = value / scale
 };
+
+static_assert(kThreads == kHeadDim, "the KV append takes an element of v a thread");
+
+// Sequence s's new key (kv head kh), rotated by the step's angles, and its value into the cache: the
+// arithmetic of rope_append_kv_kernel (attention.cu), element by element.
+template <bool kFp8>
+__device__ inline void append_new_kv(const DecodeArgs& a, int s, int kh, const float* sin, const float* cos) {
+  const int64_t kv_width = int64_t{a.kv_heads} * kHeadDim;
+  const int64_t at = a.slot_mapping[s] * kv_width + int64_t{kh} * kHeadDim;
+  const bf16* k = a.qkv + s * a.width + (int64_t{a.heads} + kh) * kHeadDim;
+  const int i = threadIdx.x;
+  store_kv(a.v_store, kFp8, a.v_store_scale, at + i, __bfloat162float(k[kv_width + i]));
+  if (i < kHeadDim / 2) {
+    const float x1 = __bfloat162float(k[i]), x2 = __bfloat162float(k[i + kHeadDim / 2]);
+    store_kv(a.k_store, kFp8, a.k_store_scale, at + i, rope_first(x1, x2, sin[i], cos[i]));
+    store_kv(a.k_store, kFp8, a.k_store_scale, at + i + kHeadDim / 2, rope_second(x1, x2, sin[i], cos[i]));
+  }
+}
 
 // Tensor-core decode attention. Each warp walks its own 32-key tiles of the block's slice with its own
 // online softmax; the block's four warps merge at the end. Per tile: S (16 × 32) = Q (16 × 128: the
@@ -67,6 +94,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
   __shared__ float acc_w[kWarps][kMaxGroup][kHeadDim];
   __shared__ float slice_acc[kClusterMerge ? kMaxGroup : 1][kHeadDim];  // this block's slice, merged
   __shared__ float slice_m[kMaxGroup], slice_l[kMaxGroup];
+  __shared__ float rope_sin[kHeadDim / 2], rope_cos[kHeadDim / 2];
   ptx::grid_dependency_wait();
   ptx::launch_dependents();
   const int sp = blockIdx.x, kh = blockIdx.y, s = blockIdx.z;
@@ -77,18 +105,40 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
   const int64_t kv_width = int64_t{a.kv_heads} * kHeadDim;
   const auto* k_base = static_cast<const uint8_t*>(a.k_cache) + int64_t{kh} * kHeadDim * kElemBytes;
   const auto* v_base = static_cast<const uint8_t*>(a.v_cache) + int64_t{kh} * kHeadDim * kElemBytes;
+  const bool rope = a.inv_freq != nullptr;
+  if (rope) {  // the step's angles; the block holding the new key appends it (and its value) first
+    if (threadIdx.x < kHeadDim / 2)
+      rope_sincos(static_cast<float>(a.positions[s]), a.inv_freq[threadIdx.x], rope_sin[threadIdx.x],
+                  rope_cos[threadIdx.x]);
+    __syncthreads();
+    if (begin < len && end == len) append_new_kv<kFp8>(a, s, kh, rope_sin, rope_cos);
+  }
 
-  // Q as A fragments, k-step j: {row g: dims 32t + 4j, +1}, {row g: dims 32t + 4j + 2, +3}.
+  // Q as A fragments, k-step j: {row g: dims 32t + 4j, +1}, {row g: dims 32t + 4j + 2, +3}. With RoPE,
+  // dims d < 64 and d + 64 pair up: thread t's partner dims are those of thread t ^ 2.
   uint32_t qa[8][2] = {};
   if (g < G) {
-    const auto* q = reinterpret_cast<const uint4*>(a.qkv + s * a.width + (int64_t{kh} * G + g) * kHeadDim + 32 * t);
+    const bf16* head = a.qkv + s * a.width + (int64_t{kh} * G + g) * kHeadDim;
+    const auto* q = reinterpret_cast<const uint4*>(head + 32 * t);
+    const auto* partner = reinterpret_cast<const uint4*>(head + 32 * (t ^ 2));
 #pragma unroll
     for (int v = 0; v < 4; ++v) {
-      const uint4 raw = q[v];
-      const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
+      const uint4 raw = q[v], other = rope ? partner[v] : raw;
+      const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w}, others[4] = {other.x, other.y, other.z, other.w};
 #pragma unroll
       for (int w = 0; w < 4; ++w) {
         uint32_t word = words[w];
+        if (rope) {
+          const float2 x = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&word));
+          const float2 y = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&others[w]));
+          const int j = 32 * (t & 1) + 8 * v + 2 * w;  // the pair index of dims 32t + 8v + 2w, +1
+          const float2 r = t < 2 ? make_float2(rope_first(x.x, y.x, rope_sin[j], rope_cos[j]),
+                                               rope_first(x.y, y.y, rope_sin[j + 1], rope_cos[j + 1]))
+                                 : make_float2(rope_second(y.x, x.x, rope_sin[j], rope_cos[j]),
+                                               rope_second(y.y, x.y, rope_sin[j + 1], rope_cos[j + 1]));
+          const __nv_bfloat162 rounded = __floats2bfloat162_rn(r.x, r.y);  // exact: both are BF16 values
+          word = *reinterpret_cast<const uint32_t*>(&rounded);
+        }
         if constexpr (kFp8) {
           const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&word));
           word = pack2<true>(f.x, f.y);
@@ -97,6 +147,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
       }
     }
   }
+  if (rope) __syncthreads();  // the new key and value in the cache before any warp reads them
   float m = -FLT_MAX, l = 0.0f;  // this warp's softmax state for head g
   float acc[8][4] = {};          // Oᵀ m-tile i: dims of rows g and g + 8, heads 2t and 2t + 1
   const int32_t* table = a.block_tables + s * a.max_blocks;
@@ -350,8 +401,8 @@ bool attention_decode_supported(const ForwardBatch& batch, const AttentionParams
          params.num_heads / params.num_kv_heads <= kMaxGroup;
 }
 
-void attention_decode(const Tensor& qkv, const KvCacheLayer& cache, KvCacheDType cache_dtype,
-                      const ForwardBatch& batch, const AttentionParams& params, Tensor& out, cudaStream_t stream) {
+void attention_decode(const Tensor& qkv, KvCacheLayer& cache, KvCacheDType cache_dtype, const ForwardBatch& batch,
+                      const AttentionParams& params, Tensor& out, cudaStream_t stream, const Tensor* inv_freq) {
   check(attention_decode_supported(batch, params), "attention_decode: unsupported batch or head layout");
   const int64_t S = batch.num_seqs, Hq = params.num_heads;
   if (S == 0) return;
@@ -377,7 +428,11 @@ void attention_decode(const Tensor& qkv, const KvCacheLayer& cache, KvCacheDType
                      .group = static_cast<int>(Hq / params.num_kv_heads), .splits = splits,
                      .chunk_align = chunk_align(),
                      .q_scale = params.softmax_scale * (fp8 ? params.k_scale : 1.0f),
-                     .logit_softcap = params.logit_softcap, .v_scale = fp8 ? params.v_scale : 1.0f};
+                     .logit_softcap = params.logit_softcap, .v_scale = fp8 ? params.v_scale : 1.0f,
+                     .inv_freq = inv_freq != nullptr ? inv_freq->data<float>() : nullptr,
+                     .positions = batch.positions.data<int32_t>(), .slot_mapping = batch.slot_mapping.data<int32_t>(),
+                     .k_store = cache.k.raw(), .v_store = cache.v.raw(), .k_store_scale = params.k_scale,
+                     .v_store_scale = params.v_scale};
   const dim3 grid(static_cast<unsigned>(splits), static_cast<unsigned>(params.num_kv_heads), static_cast<unsigned>(S));
   if (cluster) {
     const unsigned shape = static_cast<unsigned>(splits);

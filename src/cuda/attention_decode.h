@@ -15,8 +15,13 @@ namespace nibble::cuda {
 // Whether attention_decode handles this batch and these heads (else the plain kernel runs).
 bool attention_decode_supported(const ForwardBatch& batch, const AttentionParams& params);
 
-// The KV of this step must already be in the cache. q is the first Hq·D columns of qkv (S, width).
-void attention_decode(const Tensor& qkv, const KvCacheLayer& cache, KvCacheDType cache_dtype,
-                      const ForwardBatch& batch, const AttentionParams& params, Tensor& out, cudaStream_t stream);
+// q is the first Hq·D columns of qkv (S, width). Without inv_freq the KV of this step must already be
+// in the cache. With inv_freq (F32, D / 2: rope_attention's decode steps) the kernel does the step's
+// RoPE and KV append itself: q is rotated as it loads (qkv keeps its unrotated values), and each
+// sequence's new key, rotated, and its value go into the cache at batch.slot_mapping before they are
+// read, the same bits as RoPE then the append kernel.
+void attention_decode(const Tensor& qkv, KvCacheLayer& cache, KvCacheDType cache_dtype, const ForwardBatch& batch,
+                      const AttentionParams& params, Tensor& out, cudaStream_t stream,
+                      const Tensor* inv_freq = nullptr);
 
 }  // namespace nibble::cuda

@@ -128,13 +128,19 @@ class Ops {
                          const ForwardBatch& batch, const AttentionParams& params,
                          Tensor& out) = 0;
   // rope(qkv, batch.positions, params, theta), then attention: the rotary embedding and the KV append
-  // after it, which a backend may fuse (the default calls rope then attention).
+  // after it, which a backend may fuse (the default calls rope then attention). The cache and out are
+  // as after rope then attention; qkv's q and k columns may be left rotated or not.
   virtual void rope_attention(Tensor& qkv, double theta, KvCacheLayer& cache, KvCacheDType cache_dtype,
                               const ForwardBatch& batch, const AttentionParams& params, Tensor& out);
   // The whole MoE layer: route, experts (gate_up, activation · up, down), weighted combine. x (T, H)
   // in the activation dtype; out (T, H) F32 (y; under tensor parallelism a rank's partial sum) or in
   // the activation dtype.
   virtual void moe(const Tensor& x, const MoeWeights& w, const MoeParams& params, Tensor& out) = 0;
+  // moe(x, w, params, y), then add_rms_norm(residual, y, weight, eps, out): the MoE layer and the
+  // residual add + RMSNorm after it, which a backend may fuse (the default runs the two). y (T, H) F32
+  // is scratch that a fused backend may leave untouched; out may be x.
+  virtual void moe_add_rms_norm(const Tensor& x, const MoeWeights& w, const MoeParams& params, Tensor& y,
+                                Tensor& residual, const Tensor& weight, float eps, Tensor& out);
 };
 
 }  // namespace nibble

@@ -522,9 +522,9 @@ TEST(CudaOpsTwin, PagedAttention) {
 }
 
 // RoPE fused with the KV append (CudaOps::rope_attention, the forward pass's path) against rope then
-// attention on the same GPU (each checked against its CPU twin above): the rotated qkv, both caches
-// and the output bit for bit, for prompts and decode steps (the decode kernel at head_dim 128, the
-// prefill kernels), BF16 and FP8 caches.
+// attention on the same GPU (each checked against its CPU twin above): both caches and the output bit
+// for bit, for prompts and decode steps (at head_dim 128 the decode kernel rotates and appends itself),
+// BF16 and FP8 caches; the rotated qkv too where the append kernel wrote it (prompts, head_dim 64).
 TEST(CudaOpsTwin, RopeAttentionFusesExactly) {
   SKIP_WITHOUT_GPU();
   cuda::CudaOps gpu;
@@ -556,7 +556,9 @@ TEST(CudaOpsTwin, RopeAttentionFusesExactly) {
         gpu.rope_attention(qkv_fused, 1e6, fused, dtype, batch, p, out_fused);
         const std::string what = "head_dim " + std::to_string(D) +
                                  (dtype == KvCacheDType::kFp8E4M3 ? " fp8" : " bf16") + " tokens " + std::to_string(T);
-        EXPECT_TRUE(bytes_equal(qkv_split, qkv_fused)) << "qkv, " << what;
+        if (D != 128 || T != 2) {
+          EXPECT_TRUE(bytes_equal(qkv_split, qkv_fused)) << "qkv, " << what;
+        }
         EXPECT_TRUE(bytes_equal(split.k, fused.k)) << "k cache, " << what;
         EXPECT_TRUE(bytes_equal(split.v, fused.v)) << "v cache, " << what;
         EXPECT_TRUE(bytes_equal(out_split, out_fused)) << "output, " << what;
