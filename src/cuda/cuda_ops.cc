@@ -11,7 +11,6 @@
 #include "cuda/cuda_check.h"
 #include "cuda/device.h"
 #include "cuda/launch.h"
-#include "cuda/moe_combine.h"
 #include "cuda/sampling.h"
 
 namespace nibble::cuda {
@@ -176,60 +175,25 @@ void CudaOps::attention(const Tensor& qkv, KvCacheLayer& cache, KvCacheDType cac
   cuda::attention(qkv, cache, cache_dtype, batch, params, out, stream_);
 }
 
-namespace {
-
-// The INT4 or FP8 experts of prepare_moe, as the W4A8 kernels take them.
-MoeWeightsW4A8 w4a8_weights(const MoeWeights& w) {
-  return {.format = w.experts.format == WeightFormat::kFp8 ? ExpertWeightFormat::kFp8 : ExpertWeightFormat::kInt4,
-          .num_experts = w.experts.num_experts, .hidden_size = w.experts.hidden_size,
-          .intermediate_size = w.experts.intermediate_size, .gate_up = w.experts.gate_up,
-          .gate_up_scale = w.experts.gate_up_scale, .down = w.experts.down, .down_scale = w.experts.down_scale,
-          .router = w.router};
-}
-
-// NIBBLE_MOE_NORM=fused (the default) or kernel: moe_add_rms_norm's two steps in the MoE's last kernel, or
-// apart.
-bool moe_norm_fused() {
-  static const bool fused = [] {
-    const char* v = std::getenv("NIBBLE_MOE_NORM");
-    const std::string_view name = v != nullptr ? v : "";
-    check(name.empty() || name == "fused" || name == "kernel", "NIBBLE_MOE_NORM must be fused or kernel, not ", name);
-    return name != "kernel";
-  }();
-  return fused;
-}
-
-}  // namespace
-
-MoeWorkspace& CudaOps::moe_workspace(const MoeWeightsW4A8& w, int64_t tokens, int64_t top_k) {
-  if (!moe_ws_ || moe_ws_->max_tokens < tokens || moe_ws_->top_k != top_k) {
+void CudaOps::moe(const Tensor& x, const MoeWeights& w, const MoeParams& params, Tensor& out) {
+  const PlainLaunches plain(plain_site("moe"));
+  if (w.experts.format == WeightFormat::kBf16) return moe_bf16(x, w, params, moe_bf16_ws_, out, cublas_, stream_);
+  const MoeWeightsW4A8 weights{.format = w.experts.format == WeightFormat::kFp8 ? ExpertWeightFormat::kFp8
+                                                                                : ExpertWeightFormat::kInt4,
+                               .num_experts = w.experts.num_experts, .hidden_size = w.experts.hidden_size,
+                               .intermediate_size = w.experts.intermediate_size, .gate_up = w.experts.gate_up,
+                               .gate_up_scale = w.experts.gate_up_scale, .down = w.experts.down,
+                               .down_scale = w.experts.down_scale, .router = w.router};
+  if (!moe_ws_ || moe_ws_->max_tokens < x.dim(0) || moe_ws_->top_k != params.top_k) {
     if (moe_ws_) {
       // Recorded graphs may still read the decode buffers; the prefill buffers (gigabytes at large
       // token counts) never run inside a graph, so they go now.
       moe_ws_->prefill.reset();
       retired_moe_ws_.push_back(std::move(moe_ws_));
     }
-    moe_ws_ = std::make_unique<MoeWorkspace>(w, std::max<int64_t>(tokens, 64), top_k);
+    moe_ws_ = std::make_unique<MoeWorkspace>(weights, std::max<int64_t>(x.dim(0), 64), params.top_k);
   }
-  return *moe_ws_;
-}
-
-void CudaOps::moe(const Tensor& x, const MoeWeights& w, const MoeParams& params, Tensor& out) {
-  const PlainLaunches plain(plain_site("moe"));
-  if (w.experts.format == WeightFormat::kBf16) return moe_bf16(x, w, params, moe_bf16_ws_, out, cublas_, stream_);
-  const MoeWeightsW4A8 weights = w4a8_weights(w);
-  moe_w4a8(x, weights, params, moe_workspace(weights, x.dim(0), params.top_k), out, stream_);
-}
-
-void CudaOps::moe_add_rms_norm(const Tensor& x, const MoeWeights& w, const MoeParams& params, Tensor& y,
-                               Tensor& residual, const Tensor& weight, float eps, Tensor& out) {
-  if (w.experts.format == WeightFormat::kBf16 || !moe_norm_fused() || x.dim(1) > kCombineNormMaxHidden)
-    return Ops::moe_add_rms_norm(x, w, params, y, residual, weight, eps, out);
-  const PlainLaunches plain(plain_site("moe"));
-  const MoeWeightsW4A8 weights = w4a8_weights(w);
-  const ResidualNorm norm{.weight = &weight, .eps = eps, .out = &out};
-  moe_w4a8(x, weights, params, moe_workspace(weights, x.dim(0), params.top_k), residual, stream_, MoePath::kAuto,
-           &norm);
+  moe_w4a8(x, weights, params, *moe_ws_, out, stream_);
 }
 
 }  // namespace nibble::cuda

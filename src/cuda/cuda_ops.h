@@ -52,10 +52,6 @@ class CudaOps final : public Ops {
   void attention(const Tensor& qkv, KvCacheLayer& cache, KvCacheDType cache_dtype, const ForwardBatch& batch,
                  const AttentionParams& params, Tensor& out) override;
   void moe(const Tensor& x, const MoeWeights& w, const MoeParams& params, Tensor& out) override;
-  // INT4 or FP8 experts: the residual add and norm in the MoE layer's last kernel (moe.h), unless
-  // NIBBLE_MOE_NORM=kernel (then moe, then add_rms_norm, as for BF16 experts).
-  void moe_add_rms_norm(const Tensor& x, const MoeWeights& w, const MoeParams& params, Tensor& y, Tensor& residual,
-                        const Tensor& weight, float eps, Tensor& out) override;
 
   cudaStream_t stream() const { return stream_; }
 
@@ -68,8 +64,6 @@ class CudaOps final : public Ops {
   // RoPE's inverse frequencies for (theta, head_dim), uploaded once.
   const Tensor& inv_freq(double theta, int64_t head_dim);
   std::map<std::pair<double, int64_t>, Tensor> inv_freq_;  // (theta, head_dim) -> F32 (head_dim / 2)
-  // The W4A8 MoE's workspace for at least `tokens` tokens at top-k `top_k`.
-  MoeWorkspace& moe_workspace(const MoeWeightsW4A8& w, int64_t tokens, int64_t top_k);
   std::unique_ptr<MoeWorkspace> moe_ws_;
   MoeBf16Workspace moe_bf16_ws_;
   std::vector<std::unique_ptr<MoeWorkspace>> retired_moe_ws_;  // recorded graphs may still use them

@@ -5,7 +5,6 @@
 #include <cstdlib>
 #include <string_view>
 
-#include "cuda/basic_ops.h"
 #include "cuda/cuda_check.h"
 #include "cuda/device.h"
 #include "cuda/moe_combine.h"
@@ -114,17 +113,12 @@ MoeWorkspace::MoeWorkspace(const MoeWeightsW4A8& w, int64_t tokens, int64_t k, P
 MoeWorkspace::~MoeWorkspace() = default;
 
 void moe_w4a8(const Tensor& x, const MoeWeightsW4A8& w, const MoeParams& params, MoeWorkspace& ws, Tensor& out,
-              cudaStream_t stream, MoePath path, const ResidualNorm* norm) {
+              cudaStream_t stream, MoePath path) {
   const int64_t T = x.dim(0), H = w.hidden_size, I = w.intermediate_size, E = w.num_experts, K = params.top_k;
   expect(x, DType::kBF16, {-1, H}, "moe_w4a8 input");
   check(out.dtype() == DType::kBF16 || out.dtype() == DType::kF32, "moe_w4a8 output ", out.describe(),
         " is not BF16 or F32");
   expect(out, out.dtype(), {T, H}, "moe_w4a8 output");
-  if (norm != nullptr) {
-    check(out.dtype() == DType::kF32, "moe_w4a8: the residual stream ", out.describe(), " is not F32");
-    expect(*norm->weight, DType::kBF16, {H}, "moe_w4a8 norm weight");
-    expect(*norm->out, DType::kBF16, {T, H}, "moe_w4a8 norm output");
-  }
   check(T <= ws.max_tokens && K == ws.top_k, "moe_w4a8: ", T, " tokens, top-k ", K, " do not fit a workspace for ",
         ws.max_tokens, " tokens, top-k ", ws.top_k);
   if (T == 0) return;
@@ -142,10 +136,7 @@ void moe_w4a8(const Tensor& x, const MoeWeightsW4A8& w, const MoeParams& params,
                   stream);
   if (takes_prefill_path(path, T, K, E, stream)) {
     if (!ws.prefill) ws.prefill = std::make_unique<MoePrefillWorkspace>(E, H, I, ws.max_tokens, K, ws.prefill_options);
-    if (norm == nullptr) return moe_prefill(x, w, params, ws, out, stream);
-    Tensor y = empty(DType::kF32, {T, H});  // not inside a graph: the prefill path never is
-    moe_prefill(x, w, params, ws, y, stream);
-    return add_rms_norm(out, y, *norm->weight, norm->eps, *norm->out, stream);
+    return moe_prefill(x, w, params, ws, out, stream);
   }
   // The gate_up GEMM's wgmma tiles read x in routed order (mma.sync tiles through sorted_tokens).
   const bool sorted = moe_gemm_w4a8_reads_sorted(w.format, rows, slots);
@@ -178,15 +169,10 @@ void moe_w4a8(const Tensor& x, const MoeWeightsW4A8& w, const MoeParams& params,
                  .max_rows = rows, .num_experts = E, .n = H, .k = I, .expert_slots = slots, .splits = down_splits,
                  .routing_settled = true},
                 stream);
-  const CombineArgs combine{.down = ws.down_out.data<float>(), .row_pos = ws.row_pos.data<int32_t>(),
-                            .topk_weights = ws.topk_weights.data<float>(), .out = out.raw(), .out_dtype = out.dtype(),
-                            .tokens = T, .top_k = K, .hidden = H, .splits = down_splits, .max_rows = rows};
-  if (norm == nullptr) return moe_combine(combine, stream);
-  check(H <= kCombineNormMaxHidden, "moe_w4a8: the fused residual norm takes hidden sizes up to ",
-        kCombineNormMaxHidden, ", not ", H);
-  moe_combine_add_rms_norm(combine, {.x = out.data<float>(), .weight = norm->weight->raw(), .eps = norm->eps,
-                                     .out = norm->out->raw()},
-                           stream);
+  moe_combine({.down = ws.down_out.data<float>(), .row_pos = ws.row_pos.data<int32_t>(),
+               .topk_weights = ws.topk_weights.data<float>(), .out = out.raw(), .out_dtype = out.dtype(),
+               .tokens = T, .top_k = K, .hidden = H, .splits = down_splits, .max_rows = rows},
+              stream);
 }
 
 }  // namespace nibble::cuda

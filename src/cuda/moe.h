@@ -74,19 +74,9 @@ struct MoeWorkspace {
 // and the stream is not being captured, else the decode path. Tests force one or the other.
 enum class MoePath : uint8_t { kAuto, kDecode, kPrefill };
 
-// The residual add and RMSNorm that follow the layer (model.cc): weight BF16 (H), out BF16 (T, H).
-struct ResidualNorm {
-  const Tensor* weight;
-  float eps;
-  Tensor* out;
-};
-
 // out (T, H) = MoE(x (T, H) BF16): BF16, or F32 (a tensor-parallel rank's partial sum, summed over
-// the ranks before it is rounded). T <= workspace.max_tokens(). With norm, out is the F32 residual
-// stream instead: out += MoE(x), then norm->out = rms_norm(out) · norm->weight (add_rms_norm's
-// arithmetic, basic_ops.h), which the decode path does in its last kernel (hidden sizes up to 8192);
-// norm->out may be x.
+// the ranks before it is rounded). T <= workspace.max_tokens().
 void moe_w4a8(const Tensor& x, const MoeWeightsW4A8& w, const MoeParams& params, MoeWorkspace& ws,
-              Tensor& out, cudaStream_t stream, MoePath path = MoePath::kAuto, const ResidualNorm* norm = nullptr);
+              Tensor& out, cudaStream_t stream, MoePath path = MoePath::kAuto);
 
 }  // namespace nibble::cuda

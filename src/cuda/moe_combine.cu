@@ -1,16 +1,12 @@
-// Weighted combine: out[t] (BF16 or F32) = Σ_k weight[t, k] · Σ_split down[split][row_pos[t, k]],
-// alone or with the residual add and RMSNorm after it; and the prefill path's windowed form with the
-// activation and weight scales applied here. Each kernel is instantiated for a BF16 output (one GPU)
-// and an F32 one (a tensor-parallel partial sum).
+// Weighted combine: out[t] (BF16 or F32) = Σ_k weight[t, k] · Σ_split down[split][row_pos[t, k]];
+// and the prefill path's windowed form with the activation and weight scales applied here. Each
+// kernel is instantiated for a BF16 output (one GPU) and an F32 one (a tensor-parallel partial sum).
 #include <cuda_bf16.h>
-
-#include <algorithm>
 
 #include "cuda/cuda_check.h"
 #include "cuda/launch.h"
 #include "cuda/moe_combine.h"
 #include "cuda/ptx.cuh"
-#include "cuda/vec8.cuh"
 
 namespace nibble::cuda {
 namespace {
@@ -49,75 +45,6 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(const __grid_c
     }
   }
   store4(static_cast<Out*>(p.out) + t * p.hidden + 4 * h4, sum);
-}
-
-// combine_kernel's sums for a token's 8 columns (unit · 8 ..), in its order: over k, then the splits.
-__device__ inline void combine8(const CombineArgs& p, int64_t t, int64_t unit, float (&sum)[kVec]) {
-#pragma unroll
-  for (int j = 0; j < kVec; ++j) sum[j] = 0.0f;
-  for (int64_t k = 0; k < p.top_k; ++k) {
-    const int64_t row = p.row_pos[t * p.top_k + k];
-    const float w = p.topk_weights[t * p.top_k + k];
-#pragma unroll 4
-    for (int64_t s = 0; s < p.splits; ++s) {
-      float y[kVec];
-      load8(p.down + (s * p.max_rows + row) * p.hidden + unit * kVec, y);
-#pragma unroll
-      for (int j = 0; j < kVec; ++j) sum[j] = sum[j] + w * y[j];
-    }
-  }
-}
-
-// One block a token, rms_norm_kernel's layout (basic_ops.cu): thread i holds units i, i + blockDim,
-// ... (kUnits at most, 8 columns each) of x, the combine and the weight in registers from the one read
-// to the store.
-constexpr int kNormThreads = 512;
-
-template <int kUnits>
-__global__ void __launch_bounds__(kNormThreads)
-    combine_add_rms_norm_kernel(const __grid_constant__ CombineArgs p, const __grid_constant__ CombineNormArgs n) {
-  __shared__ float warp_sums[32];
-  ptx::grid_dependency_wait();
-  ptx::launch_dependents();
-  const int64_t t = blockIdx.x, units = p.hidden / kVec;
-  float* x = n.x + t * p.hidden;
-  float v[kUnits][kVec];
-  uint4 w_raw[kUnits] = {};  // 8 BF16 weights a unit
-  float sum = 0.0f;
-#pragma unroll
-  for (int u = 0; u < kUnits; ++u) {
-    const int64_t unit = u * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-    if (unit < units) {
-      load8(x + unit * kVec, v[u]);
-      w_raw[u] = *reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(n.weight) + unit * kVec);
-      float y[kVec];
-      combine8(p, t, unit, y);
-#pragma unroll
-      for (int j = 0; j < kVec; ++j) v[u][j] += y[j];
-      store8(x + unit * kVec, v[u]);
-#pragma unroll
-      for (int j = 0; j < kVec; ++j) sum += v[u][j] * v[u][j];
-    }
-  }
-#pragma unroll
-  for (int o = 16; o > 0; o /= 2) sum += __shfl_xor_sync(0xFFFFFFFFu, sum, o);
-  if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = sum;
-  __syncthreads();
-  float total = 0.0f;  // every thread adds the warps' sums in the same order: one value for all
-  for (int w = 0; w < static_cast<int>(blockDim.x / 32); ++w) total += warp_sums[w];
-  const float inv = 1.0f / sqrtf(total / static_cast<float>(p.hidden) + n.eps);
-  auto* out = static_cast<__nv_bfloat16*>(n.out) + t * p.hidden;
-#pragma unroll
-  for (int u = 0; u < kUnits; ++u) {
-    const int64_t unit = u * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-    if (unit < units) {
-      float w[kVec];
-      unpack8(w_raw[u], w);
-#pragma unroll
-      for (int j = 0; j < kVec; ++j) w[j] = v[u][j] * inv * w[j];
-      store8(out + unit * kVec, w);
-    }
-  }
 }
 
 // Elements i .. i + 3 of the window's product (F32 or BF16).
@@ -198,21 +125,6 @@ void moe_combine(const CombineArgs& p, cudaStream_t stream) {
     default:
       fail("moe_combine: the output must be BF16 or F32, not ", dtype_name(p.out_dtype));
   }
-  cuda_check(cudaGetLastError());
-}
-
-void moe_combine_add_rms_norm(const CombineArgs& p, const CombineNormArgs& n, cudaStream_t stream) {
-  if (p.tokens == 0) return;
-  const int64_t units = p.hidden / kVec;
-  check(p.hidden % kVec == 0 && p.hidden <= kCombineNormMaxHidden, "moe_combine_add_rms_norm: hidden size ", p.hidden,
-        " is not a multiple of ", kVec, " up to ", kCombineNormMaxHidden);
-  const int threads = static_cast<int>(std::min<int64_t>(kNormThreads, (units + 31) / 32 * 32));
-  const int64_t per_thread = (units + threads - 1) / threads;
-  const auto blocks = static_cast<unsigned>(p.tokens);
-  if (per_thread <= 1)
-    launch_kernel(combine_add_rms_norm_kernel<1>, blocks, threads, 0, stream, p, n);
-  else
-    launch_kernel(combine_add_rms_norm_kernel<2>, blocks, threads, 0, stream, p, n);
   cuda_check(cudaGetLastError());
 }
 

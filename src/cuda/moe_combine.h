@@ -26,20 +26,6 @@ struct CombineArgs {
 
 void moe_combine(const CombineArgs& args, cudaStream_t stream);
 
-// The residual add and RMSNorm after the layer, fused into its combine.
-struct CombineNormArgs {
-  float* x;            // (T, H) F32: the residual stream, += the combined output
-  const void* weight;  // (H) BF16
-  float eps;
-  void* out;           // (T, H) BF16: rms_norm(x) · weight
-};
-
-// moe_combine's sums (args.out unused) added into norm.x, then norm.out = rms_norm(norm.x) · weight: the
-// same fp32 values as moe_combine into an F32 y, then add_rms_norm (basic_ops.h). One block a token:
-// one launch where those take two. Hidden sizes up to kCombineNormMaxHidden.
-inline constexpr int64_t kCombineNormMaxHidden = 8192;
-void moe_combine_add_rms_norm(const CombineArgs& args, const CombineNormArgs& norm, cudaStream_t stream);
-
 // The prefill path's combine, one pass per window of padded rows [row_begin, row_end): the unscaled
 // down product of those rows is scaled by row_scale[row] · channel_scale[expert][h], weighted by the
 // router and added up per token. Passes over one call's windows, in order: kOnly when there is one

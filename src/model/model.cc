@@ -102,14 +102,9 @@ Tensor Model::forward(const ForwardBatch& batch, KvCache& cache) {
     all_reduce();
     residual_add_norm(layer.post_attn_norm, layer.pre_moe_norm);
 
-    const Tensor& next_norm = i + 1 < layers ? weights_.layers[i + 1].pre_attn_norm : weights_.norm;
-    if (sandwich || tp_group != nullptr) {
-      ops_.moe(h, layer.moe, moe, y);
-      all_reduce();
-      residual_add_norm(layer.post_moe_norm, next_norm);
-    } else {  // the backend may fuse the MoE layer with the add and norm after it
-      ops_.moe_add_rms_norm(h, layer.moe, moe, y, x, next_norm, eps, h);
-    }
+    ops_.moe(h, layer.moe, moe, y);
+    all_reduce();
+    residual_add_norm(layer.post_moe_norm, i + 1 < layers ? weights_.layers[i + 1].pre_attn_norm : weights_.norm);
   }
   Tensor logits = ops_.empty(DType::kF32, {batch.logit_rows.dim(0), c.vocab_size});
   ops_.logits(h, batch.logit_rows, weights_.lm_head, logits);

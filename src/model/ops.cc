@@ -66,12 +66,6 @@ void Ops::rope_attention(Tensor& qkv, double theta, KvCacheLayer& cache, KvCache
   attention(qkv, cache, cache_dtype, batch, params, out);
 }
 
-void Ops::moe_add_rms_norm(const Tensor& x, const MoeWeights& w, const MoeParams& params, Tensor& y,
-                           Tensor& residual, const Tensor& weight, float eps, Tensor& out) {
-  moe(x, w, params, y);
-  add_rms_norm(residual, y, weight, eps, out);
-}
-
 std::unique_ptr<RecordedStep> Ops::record(const std::function<void()>& /*step*/) { return nullptr; }
 
 }  // namespace nibble

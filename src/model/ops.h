@@ -136,11 +136,6 @@ class Ops {
   // in the activation dtype; out (T, H) F32 (y; under tensor parallelism a rank's partial sum) or in
   // the activation dtype.
   virtual void moe(const Tensor& x, const MoeWeights& w, const MoeParams& params, Tensor& out) = 0;
-  // moe(x, w, params, y), then add_rms_norm(residual, y, weight, eps, out): the MoE layer and the
-  // residual add + RMSNorm after it, which a backend may fuse (the default runs the two). y (T, H) F32
-  // is scratch that a fused backend may leave untouched; out may be x.
-  virtual void moe_add_rms_norm(const Tensor& x, const MoeWeights& w, const MoeParams& params, Tensor& y,
-                                Tensor& residual, const Tensor& weight, float eps, Tensor& out);
 };
 
 }  // namespace nibble

@@ -12,7 +12,6 @@
 
 #include "core/fp8.h"
 #include "cpu/cpu_ops.h"
-#include "cuda/basic_ops.h"
 #include "cuda/cuda_check.h"
 #include "cuda/device.h"
 #include "cuda/moe.h"
@@ -265,47 +264,6 @@ TEST_P(MoeLayer, MatchesCpuTwin) {
   std::cout << "E=" << E << " H=" << H << " I=" << I << " T=" << T << " top-k=" << top_k << ": ";
   print_errors(err);
   expect_layer_bounds(err);
-}
-
-// The MoE layer with the residual add and RMSNorm after it (moe_w4a8 with a ResidualNorm: in the
-// combine kernel on the decode path) against the layer into an F32 y, then add_rms_norm: the residual
-// stream and the norm's output, both paths, hidden sizes that make one and two 8-column units a thread
-// (2880 and 7168).
-TEST(MoeLayerNorm, FusedMatchesLayerThenAddRmsNorm) {
-  SKIP_WITHOUT_GPU();
-  for (const LayerCase c : {LayerCase{8, 2880, 1408, 0, 2}, LayerCase{16, 7168, 256, 0, 4}}) {
-    const auto [E, H, I, unused_t, top_k, router_norm, activation, router_softcap] = c;
-    const HostInt4 gate_up = random_int4(E, 2 * I, H, 320), down = random_int4(E, H, I, 420);
-    MoeWeights host{.router = to_bf16(random_f32({E, H}, 9, 0.05f)),
-                    .experts = {.format = WeightFormat::kInt4, .num_experts = E, .hidden_size = H,
-                                .intermediate_size = I, .gate_up = gate_up.packed, .gate_up_scale = gate_up.scale,
-                                .down = down.packed, .down_scale = down.scale}};
-    const cuda::MoeWeightsW4A8 w = cuda::upload_moe_w4a8(host);
-    const Tensor weight = cuda::upload(to_bf16(random_f32({H}, 12, 0.5f)));
-    for (const int64_t T : {1, 3, 64, 300})
-      for (const cuda::MoePath path : {cuda::MoePath::kDecode, cuda::MoePath::kPrefill}) {
-        if (path == cuda::MoePath::kPrefill && T < 64) continue;
-        cuda::MoeWorkspace ws(w, T, top_k);
-        const Tensor x = cuda::upload(to_bf16(random_f32({T, H}, 13)));
-        const Tensor residual = random_f32({T, H}, 14, 4.0f);
-        Tensor ref_x = cuda::upload(residual), fused_x = cuda::upload(residual);
-        Tensor y = poisoned(DType::kF32, {T, H});
-        Tensor ref_h = poisoned(DType::kBF16, {T, H}), fused_h = poisoned(DType::kBF16, {T, H});
-        cuda::moe_w4a8(x, w, {.top_k = top_k}, ws, y, nullptr, path);
-        cuda::add_rms_norm(ref_x, y, weight, 1e-5f, ref_h, nullptr);
-        const cuda::ResidualNorm norm{.weight = &weight, .eps = 1e-5f, .out = &fused_h};
-        cuda::moe_w4a8(x, w, {.top_k = top_k}, ws, fused_x, nullptr, path, &norm);
-        const Tensor a = cuda::download(ref_x), b = cuda::download(fused_x);
-        const Tensor ha = to_f32(cuda::download(ref_h)), hb = to_f32(cuda::download(fused_h));
-        const double x_err = rel_l2(a.data<float>(), b.data<float>(), T * H);
-        const double h_err = rel_l2(ha.data<float>(), hb.data<float>(), T * H);
-        std::cout << "E=" << E << " H=" << H << " T=" << T
-                  << (path == cuda::MoePath::kDecode ? " decode" : " prefill") << ": residual " << x_err
-                  << ", norm " << h_err << "\n";
-        EXPECT_LE(x_err, 1e-6);
-        EXPECT_LE(h_err, 1e-5);
-      }
-  }
 }
 
 // Scratch small enough that the prefill path takes several expert groups (5 experts of 64 in the
