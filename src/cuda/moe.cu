@@ -123,28 +123,34 @@ void moe_w4a8(const Tensor& x, const MoeWeightsW4A8& w, const MoeParams& params,
         ws.max_tokens, " tokens, top-k ", ws.top_k);
   if (T == 0) return;
   const int64_t rows = T * K, slots = std::min(E, rows);
-
-  route_and_group({.x = x.raw(), .router = w.router.raw(), .logits = ws.router_logits.data<float>(),
-                   .topk_ids = ws.topk_ids.data<int32_t>(), .topk_weights = ws.topk_weights.data<float>(),
-                   .tokens = T, .hidden = H, .experts = E, .top_k = K, .norm = params.router_norm,
-                   .softcap = params.router_softcap},
-                  {.topk_ids = ws.topk_ids.data<int32_t>(), .expert_offsets = ws.expert_offsets.data<int32_t>(),
-                   .active_experts = ws.active_experts.data<int32_t>(),
-                   .sorted_tokens = ws.sorted_tokens.data<int32_t>(), .row_pos = ws.row_pos.data<int32_t>(),
-                   .tokens = T, .experts = E, .top_k = K,
-                   .blocks_done = reinterpret_cast<uint32_t*>(ws.route_done.data<int32_t>())},
-                  stream);
+  const RouteArgs route{.x = x.raw(), .router = w.router.raw(), .logits = ws.router_logits.data<float>(),
+                        .topk_ids = ws.topk_ids.data<int32_t>(), .topk_weights = ws.topk_weights.data<float>(),
+                        .tokens = T, .hidden = H, .experts = E, .top_k = K, .norm = params.router_norm,
+                        .softcap = params.router_softcap};
+  const GroupArgs group{.topk_ids = ws.topk_ids.data<int32_t>(), .expert_offsets = ws.expert_offsets.data<int32_t>(),
+                        .active_experts = ws.active_experts.data<int32_t>(),
+                        .sorted_tokens = ws.sorted_tokens.data<int32_t>(), .row_pos = ws.row_pos.data<int32_t>(),
+                        .tokens = T, .experts = E, .top_k = K,
+                        .blocks_done = reinterpret_cast<uint32_t*>(ws.route_done.data<int32_t>())};
   if (takes_prefill_path(path, T, K, E, stream)) {
+    route_and_group(route, group, stream);
     if (!ws.prefill) ws.prefill = std::make_unique<MoePrefillWorkspace>(E, H, I, ws.max_tokens, K, ws.prefill_options);
     return moe_prefill(x, w, params, ws, out, stream);
   }
-  // The gate_up GEMM's wgmma tiles read x in routed order (mma.sync tiles through sorted_tokens).
+  // x to FP8 for gate_up. Its wgmma tiles read x in routed order, which the routing must settle first;
+  // its mma.sync tiles read through sorted_tokens, so the routing launch can quantize too.
   const bool sorted = moe_gemm_w4a8_reads_sorted(w.format, rows, slots);
-  quantize_rows_fp8({.x = x.raw(), .codes = ws.x_fp8.data<uint8_t>(), .scale = ws.x_scale.data<float>(),
-                     .sums = ws.x_sums.data<float>(), .rows = T, .cols = H,
-                     .sorted_codes = sorted ? ws.x_sorted.data<uint8_t>() : nullptr,
-                     .row_pos = ws.row_pos.data<int32_t>(), .top_k = K},
-                    stream);
+  bool routed_last = false;  // the routing is the launch just before gate_up's, not two back
+  const QuantizeRowsArgs quantize{.x = x.raw(), .codes = ws.x_fp8.data<uint8_t>(), .scale = ws.x_scale.data<float>(),
+                                  .sums = ws.x_sums.data<float>(), .rows = T, .cols = H,
+                                  .sorted_codes = sorted ? ws.x_sorted.data<uint8_t>() : nullptr,
+                                  .row_pos = ws.row_pos.data<int32_t>(), .top_k = K};
+  if (sorted) {
+    route_and_group(route, group, stream);
+    quantize_rows_fp8(quantize, stream);
+  } else {
+    routed_last = route_and_group(route, group, stream, &quantize);
+  }
   const int64_t gate_up_splits = choose_k_splits(2 * I, H, slots, rows, ws.num_sms);
   moe_gemm_w4a8({.weight_format = w.format, .weights = w.gate_up.raw(), .weight_scale = w.gate_up_scale.data<float>(),
                  .act = ws.x_fp8.data<uint8_t>(), .act_scale = ws.x_scale.data<float>(),
@@ -153,7 +159,7 @@ void moe_w4a8(const Tensor& x, const MoeWeightsW4A8& w, const MoeParams& params,
                  .expert_offsets = ws.expert_offsets.data<int32_t>(),
                  .active_experts = ws.active_experts.data<int32_t>(), .out = ws.gate_up_out.data<float>(),
                  .max_rows = rows, .num_experts = E, .n = 2 * I, .k = H, .expert_slots = slots,
-                 .splits = gate_up_splits, .routing_settled = true},  // routed two launches back
+                 .splits = gate_up_splits, .routing_settled = !routed_last},
                 stream);
   activation_quantize_fp8({.gate_up = ws.gate_up_out.data<float>(), .splits = gate_up_splits, .max_rows = rows,
                            .codes = ws.act_fp8.data<uint8_t>(), .scale = ws.act_scale.data<float>(),

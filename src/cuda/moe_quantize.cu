@@ -37,53 +37,6 @@ __device__ void write_zero_row(uint8_t* codes, int64_t cols, float* scale, float
 // 64 FP8 e4m3 values is exact in fp32 (multiples of 2^-9 below 2^15), whatever its order.
 constexpr int kQuantThreads = 256;
 
-// The block's amax of every thread's `amax` (a multiple of 32 threads; warp_amax: a float a warp).
-__device__ inline float block_amax(float amax, float* warp_amax) {
-  for (int o = 16; o > 0; o /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, o));
-  if (threadIdx.x % 32 == 0) warp_amax[threadIdx.x / 32] = amax;
-  __syncthreads();
-  for (unsigned w = 0; w < blockDim.x / 32; ++w) amax = fmaxf(amax, warp_amax[w]);
-  return amax;
-}
-
-// Where a row's codes are also stored: rows rows[j], j < count, of `codes` (`cols` bytes a row).
-struct CodeCopies {
-  uint8_t* codes = nullptr;
-  const int32_t* rows = nullptr;
-  int64_t count = 0, cols = 0;
-};
-
-// A row held in registers as units of 8 columns (thread i: units i, i + blockDim, ...) quantized with
-// `scale`: its FP8 codes (8 bytes a unit; also to `copies`) and, when `sums` is given, the sums of
-// each 64-wide block's FP8 values (8 consecutive units: 8 consecutive lanes; exact in fp32 whatever
-// the order).
-template <int kUnits>
-__device__ inline void store_units_fp8(const float (&v)[kUnits][8], int64_t units, float scale, uint8_t* codes,
-                                       float* sums, const CodeCopies& copies = {}) {
-#pragma unroll
-  for (int u = 0; u < kUnits; ++u) {
-    const int64_t unit = u * int64_t{blockDim.x} + threadIdx.x;
-    float sum = 0.0f;
-    if (unit < units) {
-      uint32_t packed[2] = {0u, 0u};
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const __nv_fp8_storage_t q = __nv_cvt_float_to_fp8(v[u][j] / scale, __NV_SATFINITE, __NV_E4M3);
-        packed[j / 4] |= uint32_t{q} << (8 * (j % 4));
-        sum += __half2float(__half(__nv_cvt_fp8_to_halfraw(q, __NV_E4M3)));
-      }
-      *reinterpret_cast<uint2*>(codes + unit * 8) = make_uint2(packed[0], packed[1]);
-      for (int64_t j = 0; j < copies.count; ++j)
-        *reinterpret_cast<uint2*>(copies.codes + copies.rows[j] * copies.cols + unit * 8) =
-            make_uint2(packed[0], packed[1]);
-    }
-    if (sums != nullptr) {  // every lane shuffles; units come in whole 64-blocks (cols % 64 == 0)
-      for (int o = 4; o > 0; o /= 2) sum += __shfl_xor_sync(0xFFFFFFFFu, sum, o);
-      if (unit < units && unit % 8 == 0) sums[unit / 8] = sum;
-    }
-  }
-}
-
 template <int kUnits>
 __global__ void __launch_bounds__(kQuantThreads) quantize_rows_kernel(const __grid_constant__ QuantizeRowsArgs p) {
   __shared__ float warp_amax[kQuantThreads / 32];

@@ -8,6 +8,7 @@
 #include <string_view>
 
 #include "cuda/cuda_check.h"
+#include "cuda/fp8_rows.cuh"
 #include "cuda/launch.h"
 #include "cuda/moe_route.h"
 #include "cuda/ptx.cuh"
@@ -209,6 +210,7 @@ constexpr int64_t kMaxBlockPartials = kMaxFusedPairs * 32 / kRouteCluster;
 struct RouteGroupArgs {
   RouteArgs route;
   GroupArgs group;
+  QuantizeRowsArgs quantize;  // route_topk_group_kernel: quantize.codes null, or each block quantizes its token
 };
 
 __global__ void __launch_bounds__(kRouteThreads) route_group_kernel(const __grid_constant__ RouteGroupArgs a) {
@@ -257,6 +259,7 @@ __global__ void __launch_bounds__(kLogitWarps * 32) route_topk_group_kernel(cons
   __shared__ int cursor[kMaxExperts];
   __shared__ uint8_t warp_counts[kLogitWarps * kMaxExperts];
   __shared__ bool last;
+  __shared__ float warp_amax[kLogitWarps];
   const RouteArgs& p = a.route;
   prefetch_router_rows(p);
   ptx::grid_dependency_wait();
@@ -268,6 +271,10 @@ __global__ void __launch_bounds__(kLogitWarps * 32) route_topk_group_kernel(cons
         butterfly_sum(lane_partial(row_units(p.x, t, p.hidden), row_units(p.router, warp, p.hidden), p.hidden / 8, lane));
     if (lane == 0) p.logits[t * p.experts + warp] = sum;
   }
+  const QuantizeRowsArgs& q = a.quantize;
+  if (q.codes != nullptr)  // the whole block: token t's row (in L1 from the logits) to FP8
+    quantize_bf16_row_fp8(q.x, t, q.cols, q.codes + t * q.cols, q.scale + t,
+                          q.sums != nullptr ? q.sums + t * (q.cols / kRowBlock) : nullptr, warp_amax);
   __syncthreads();  // the token's logits written (global memory, read back by warp 0)
   if (warp == 0) topk_token(p, t, lane);
   if (gridDim.x > 1) {  // the last block to finish groups (a lone block is the last)
@@ -299,30 +306,61 @@ RouteKernel route_kernel_setting() {
   return setting;
 }
 
+// NIBBLE_MOE_QUANTIZE=route (the default) or kernel: whether route_and_group quantizes x in its launch
+// where it can, or always in quantize_rows_fp8's own.
+bool quantize_in_route() {
+  static const bool fused = [] {
+    const char* v = std::getenv("NIBBLE_MOE_QUANTIZE");
+    const std::string_view name = v != nullptr ? v : "";
+    check(name.empty() || name == "route" || name == "kernel", "NIBBLE_MOE_QUANTIZE must be route or kernel, not ",
+          name);
+    return name != "kernel";
+  }();
+  return fused;
+}
+
 }  // namespace
 
-void route_and_group(const RouteArgs& route, const GroupArgs& group, cudaStream_t stream) {
+bool route_and_group(const RouteArgs& route, const GroupArgs& group, cudaStream_t stream,
+                     const QuantizeRowsArgs* quantize) {
   check(route.tokens == group.tokens && route.experts == group.experts && route.top_k == group.top_k &&
             route.topk_ids == group.topk_ids,
         "route_and_group: the routing and grouping arguments disagree");
   const bool counted = group.blocks_done != nullptr && route.experts <= kLogitWarps &&
                        route.tokens <= kMaxCountedTokens;
+  const bool fits_cluster = route.tokens * route.experts <= kMaxFusedPairs;
+  const RouteKernel setting = route_kernel_setting();
+  const bool takes_counted = route.tokens > 0 && counted && (!fits_cluster || setting != RouteKernel::kCluster);
+  if (quantize != nullptr) {
+    check(quantize->x == route.x && quantize->rows == route.tokens && quantize->cols == route.hidden &&
+              quantize->static_scale == 0.0f && quantize->src_row == nullptr && quantize->sorted_codes == nullptr &&
+              quantize->amax_out == nullptr && quantize->amax_in == nullptr && route.hidden % kRowBlock == 0,
+          "route_and_group: a quantization it cannot fuse");
+    if (!takes_counted || !quantize_in_route()) {
+      route_and_group(route, group, stream);
+      quantize_rows_fp8(*quantize, stream);
+      return false;
+    }
+  }
   if (route.tokens == 0 || (route.tokens * route.experts > kMaxFusedPairs && !counted)) {
     route_topk(route, stream);
-    return group_by_expert(group, stream);
+    group_by_expert(group, stream);
+    return false;
   }
   check(route.experts >= 1 && route.experts <= kMaxExperts, "route_and_group: ", route.experts,
         " experts (at most ", kMaxExperts, ")");
   check(route.top_k >= 1 && route.top_k <= kMaxTopK && route.top_k <= route.experts, "route_and_group: top_k ",
         route.top_k);
   check(route.hidden % 8 == 0, "route_and_group: hidden size ", route.hidden, " is not a multiple of 8");
-  const bool fits_cluster = route.tokens * route.experts <= kMaxFusedPairs;
-  const RouteKernel setting = route_kernel_setting();
-  if (!fits_cluster || (counted && setting != RouteKernel::kCluster))
-    return launch_kernel(route_topk_group_kernel, static_cast<unsigned>(route.tokens), kLogitWarps * 32, 0, stream,
-                         RouteGroupArgs{.route = route, .group = group});
+  if (takes_counted) {
+    launch_kernel(route_topk_group_kernel, static_cast<unsigned>(route.tokens), kLogitWarps * 32, 0, stream,
+                  RouteGroupArgs{.route = route, .group = group,
+                                 .quantize = quantize != nullptr ? *quantize : QuantizeRowsArgs{}});
+    return quantize != nullptr;
+  }
   launch_kernel_with({cluster_shape(kRouteCluster)}, route_group_kernel, kRouteCluster, kRouteThreads, 0, stream,
-                     RouteGroupArgs{.route = route, .group = group});
+                     RouteGroupArgs{.route = route, .group = group, .quantize = {}});
+  return false;
 }
 
 void route_topk(const RouteArgs& p, cudaStream_t stream) {

@@ -596,6 +596,59 @@ TEST(RouteAndGroup, MatchesHostRouting) {
   }
 }
 
+// route_and_group given x's quantization: inside the routing launch (one block a token, up to 8
+// experts) or after it (16 experts), the codes, scales and 64-block sums of quantize_rows_fp8 and the
+// routing of route_and_group alone, bit for bit; row lengths of 1, 2, 3 and several units a thread.
+TEST(RouteAndGroup, QuantizesLikeQuantizeRows) {
+  SKIP_WITHOUT_GPU();
+  struct Case {
+    int64_t E, H, T;
+    bool inside;
+  };
+  for (const Case c : {Case{8, 4096, 1, true}, Case{8, 4096, 32, true}, Case{8, 6144, 5, true},
+                       Case{8, 1088, 3, true}, Case{8, 14336, 2, true}, Case{16, 1024, 4, false}}) {
+    const int64_t E = c.E, H = c.H, T = c.T, K = 2;
+    const Tensor x = cuda::upload(to_bf16(random_f32({T, H}, 33, 3.0f)));
+    const Tensor router = cuda::upload(to_bf16(random_f32({E, H}, 34, 0.05f)));
+    Tensor done = cuda::upload(Tensor::zeros(DType::kI32, {1}));
+    struct Out {
+      Tensor ids, pos, codes, scale, sums;
+    };
+    auto run = [&](bool fused) {
+      Out o{poisoned(DType::kI32, {T, K}), poisoned(DType::kI32, {T * K}), poisoned(DType::kU8, {T, H}),
+            poisoned(DType::kF32, {T}), poisoned(DType::kF32, {T, H / 64})};
+      Tensor logits = poisoned(DType::kF32, {T, E}), weights = poisoned(DType::kF32, {T, K});
+      Tensor offsets = poisoned(DType::kI32, {E + 1}), active = poisoned(DType::kI32, {E + 1});
+      Tensor sorted = poisoned(DType::kI32, {T * K});
+      const cuda::RouteArgs r{.x = x.raw(), .router = router.raw(), .logits = logits.data<float>(),
+                              .topk_ids = o.ids.data<int32_t>(), .topk_weights = weights.data<float>(),
+                              .tokens = T, .hidden = H, .experts = E, .top_k = K, .norm = RouterNorm::kRenormalize,
+                              .softcap = 0.0f};
+      const cuda::GroupArgs g{.topk_ids = o.ids.data<int32_t>(), .expert_offsets = offsets.data<int32_t>(),
+                              .active_experts = active.data<int32_t>(), .sorted_tokens = sorted.data<int32_t>(),
+                              .row_pos = o.pos.data<int32_t>(), .tokens = T, .experts = E, .top_k = K,
+                              .blocks_done = reinterpret_cast<uint32_t*>(done.data<int32_t>())};
+      const cuda::QuantizeRowsArgs q{.x = x.raw(), .codes = o.codes.data<uint8_t>(), .scale = o.scale.data<float>(),
+                                     .sums = o.sums.data<float>(), .rows = T, .cols = H};
+      if (fused) {
+        EXPECT_EQ(cuda::route_and_group(r, g, nullptr, &q), c.inside) << "H " << H << " T " << T;
+      } else {
+        cuda::route_and_group(r, g, nullptr);
+        cuda::quantize_rows_fp8(q, nullptr);
+      }
+      return Out{cuda::download(o.ids), cuda::download(o.pos), cuda::download(o.codes), cuda::download(o.scale),
+                 cuda::download(o.sums)};
+    };
+    const Out got = run(true), want = run(false);
+    auto same = [](const Tensor& a, const Tensor& b) { return std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0; };
+    EXPECT_TRUE(same(got.ids, want.ids)) << "top-k ids, H " << H << " T " << T;
+    EXPECT_TRUE(same(got.pos, want.pos)) << "rows, H " << H << " T " << T;
+    EXPECT_TRUE(same(got.codes, want.codes)) << "codes, H " << H << " T " << T;
+    EXPECT_TRUE(same(got.scale, want.scale)) << "scales, H " << H << " T " << T;
+    EXPECT_TRUE(same(got.sums, want.sums)) << "sums, H " << H << " T " << T;
+  }
+}
+
 // activation_quantize_fp8 (a cluster of blocks a row) against its definition on the host: split-K
 // partial sums added in order, optional row × channel scaling (the prefill path, padding rows with
 // expert -1 included), the activation times up, then per-row FP8 codes, scale and per-64 sums. The
