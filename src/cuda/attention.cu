@@ -8,8 +8,6 @@
 #include <cuda_fp8.h>
 
 #include <cfloat>
-#include <cstdlib>
-#include <string_view>
 
 #include "cuda/attention_decode.h"
 #include "cuda/attention_prefill.h"
@@ -142,19 +140,6 @@ __global__ void attention_kernel(const __grid_constant__ AttentionArgs p) {
   }
 }
 
-// Whether decode steps of rope_attention leave RoPE and the KV append to the decode kernel (one launch
-// fewer a layer): NIBBLE_DECODE_APPEND=decode (the default) or kernel (the separate append kernel).
-bool decode_appends() {
-  static const bool fused = [] {
-    const char* v = std::getenv("NIBBLE_DECODE_APPEND");
-    const std::string_view name = v != nullptr ? v : "";
-    check(name.empty() || name == "decode" || name == "kernel", "NIBBLE_DECODE_APPEND must be decode or kernel, not ",
-          name);
-    return name != "kernel";
-  }();
-  return fused;
-}
-
 // The KV append (with RoPE first when inv_freq is given: then qkv is written too, except on decode
 // steps that the decode kernel rotates and appends itself), then attention.
 void append_and_attend(const Tensor& qkv, const Tensor* inv_freq, KvCacheLayer& cache, KvCacheDType cache_dtype,
@@ -179,7 +164,7 @@ void append_and_attend(const Tensor& qkv, const Tensor* inv_freq, KvCacheLayer& 
                         .logit_softcap = params.logit_softcap};
   if (inv_freq != nullptr) {
     expect(*inv_freq, DType::kF32, {params.head_dim / 2}, "rope inv_freq");
-    if (decode && decode_appends())
+    if (decode && attention_decode_appends(batch, params, cache_dtype))
       return attention_decode(qkv, cache, cache_dtype, batch, params, out, stream, inv_freq);
     check(params.head_dim % (2 * kVec) == 0, "rope: head_dim ", params.head_dim, " is not a multiple of ", 2 * kVec);
     // Items a token: 8 rotated pairs of a q or k head, 8 elements of the v heads.

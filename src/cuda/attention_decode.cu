@@ -393,7 +393,40 @@ int max_cluster_slices() {
   return it->second;
 }
 
+// The launch for a batch: splits of each sequence's keys, whether they merge in a cluster, and the grid's
+// blocks against the device's block slots. Splits aim at about two waves of slots (a second wave evens
+// out SMs that hold more blocks than others).
+struct DecodeGrid {
+  int splits;
+  bool cluster;
+  int64_t blocks, slots;
+};
+DecodeGrid decode_grid(const ForwardBatch& batch, const AttentionParams& params, bool fp8) {
+  int per_sm = 0;
+  cuda_check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+      &per_sm, fp8 ? decode_kernel<true, false> : decode_kernel<false, false>, kThreads, 0));
+  const int64_t slots = int64_t{std::max(per_sm, 1)} * multiprocessor_count();
+  const int64_t pairs = batch.num_seqs * params.num_kv_heads;
+  int splits = static_cast<int>(std::clamp<int64_t>((2 * slots + pairs - 1) / pairs, 1, kMaxSplits));
+  const bool cluster = cluster_merge_wanted(batch.max_seq_len);
+  if (cluster) splits = std::min(splits, fp8 ? max_cluster_slices<true>() : max_cluster_slices<false>());
+  return {.splits = splits, .cluster = cluster, .blocks = splits * pairs, .slots = slots};
+}
+
 }  // namespace
+
+bool attention_decode_appends(const ForwardBatch& batch, const AttentionParams& params, KvCacheDType cache_dtype) {
+  static const int setting = [] {
+    const char* v = std::getenv("NIBBLE_DECODE_APPEND");
+    const std::string_view name = v != nullptr ? v : "";
+    check(name.empty() || name == "auto" || name == "decode" || name == "kernel",
+          "NIBBLE_DECODE_APPEND must be auto, decode or kernel, not ", name);
+    return name == "decode" ? 1 : name == "kernel" ? 0 : -1;
+  }();
+  if (setting >= 0) return setting == 1;
+  const DecodeGrid grid = decode_grid(batch, params, cache_dtype == KvCacheDType::kFp8E4M3);
+  return grid.blocks <= grid.slots;
+}
 
 bool attention_decode_supported(const ForwardBatch& batch, const AttentionParams& params) {
   return batch.max_query_len == 1 && batch.num_tokens == batch.num_seqs && params.head_dim == kHeadDim &&
@@ -407,16 +440,7 @@ void attention_decode(const Tensor& qkv, KvCacheLayer& cache, KvCacheDType cache
   const int64_t S = batch.num_seqs, Hq = params.num_heads;
   if (S == 0) return;
   const bool fp8 = cache_dtype == KvCacheDType::kFp8E4M3;
-  // Split each sequence's keys so that the grid fills the device's block slots about twice (a second
-  // wave evens out SMs that hold more blocks than others).
-  int per_sm = 0;
-  cuda_check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-      &per_sm, fp8 ? decode_kernel<true, false> : decode_kernel<false, false>, kThreads, 0));
-  const int64_t slots = int64_t{std::max(per_sm, 1)} * multiprocessor_count();
-  const int64_t pairs = S * params.num_kv_heads;
-  int splits = static_cast<int>(std::clamp<int64_t>((2 * slots + pairs - 1) / pairs, 1, kMaxSplits));
-  const bool cluster = cluster_merge_wanted(batch.max_seq_len);
-  if (cluster) splits = std::min(splits, fp8 ? max_cluster_slices<true>() : max_cluster_slices<false>());
+  const auto [splits, cluster, blocks, slots] = decode_grid(batch, params, fp8);
   Tensor part_acc = cluster ? Tensor() : empty(DType::kF32, {S, Hq, splits, kHeadDim});
   Tensor part_ml = cluster ? Tensor() : empty(DType::kF32, {S, Hq, splits, 2});
   const DecodeArgs a{.qkv = qkv.data<bf16>(), .k_cache = cache.k.raw(), .v_cache = cache.v.raw(),

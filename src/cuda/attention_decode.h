@@ -15,6 +15,13 @@ namespace nibble::cuda {
 // Whether attention_decode handles this batch and these heads (else the plain kernel runs).
 bool attention_decode_supported(const ForwardBatch& batch, const AttentionParams& params);
 
+// Whether rope_attention's decode steps should leave RoPE and the KV append to attention_decode (one
+// launch fewer): by default when its grid runs in one wave of the device's block slots, where the
+// extra work at each block's start (the step's angles, the new key's append) hides; measured on an
+// H200 (bench/RESULTS.md): batch 1 gains, batch 32 (2.6 waves) loses. NIBBLE_DECODE_APPEND=decode or
+// kernel forces either.
+bool attention_decode_appends(const ForwardBatch& batch, const AttentionParams& params, KvCacheDType cache_dtype);
+
 // q is the first Hq·D columns of qkv (S, width). Without inv_freq the KV of this step must already be
 // in the cache. With inv_freq (F32, D / 2: rope_attention's decode steps) the kernel does the step's
 // RoPE and KV append itself: q is rotated as it loads (qkv keeps its unrotated values), and each
