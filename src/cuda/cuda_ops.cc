@@ -11,6 +11,7 @@
 #include "cuda/cuda_check.h"
 #include "cuda/device.h"
 #include "cuda/launch.h"
+#include "cuda/residual_norm_all_reduce.h"
 #include "cuda/sampling.h"
 
 namespace nibble::cuda {
@@ -118,6 +119,19 @@ void CudaOps::add(Tensor& x, const Tensor& y) { residual_add(x, y, stream_); }
 
 void CudaOps::add_rms_norm(Tensor& x, const Tensor& y, const Tensor& weight, float eps, Tensor& out) {
   cuda::add_rms_norm(x, y, weight, eps, out, stream_);
+}
+
+void CudaOps::all_reduce_add_rms_norm(Communicator& group, Tensor& y, Tensor& x, const Tensor& weight, float eps,
+                                      Tensor& out) {
+  static const bool fused = [] {
+    const char* v = std::getenv("NIBBLE_TP_FUSED_NORM");
+    const std::string_view name = v != nullptr ? v : "";
+    check(name.empty() || name == "0" || name == "1", "NIBBLE_TP_FUSED_NORM must be 0 or 1, not ", name);
+    return name == "1";
+  }();
+  auto* fusing = dynamic_cast<ResidualNormAllReduce*>(&group);
+  if (fused && fusing != nullptr && fusing->all_reduce_add_rms_norm(y, x, weight, eps, out)) return;
+  Ops::all_reduce_add_rms_norm(group, y, x, weight, eps, out);
 }
 
 void CudaOps::scale(Tensor& x, float factor) { cuda::scale(x, factor, stream_); }

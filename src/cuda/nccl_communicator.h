@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "cuda/p2p_all_reduce.h"
+#include "cuda/residual_norm_all_reduce.h"
 #include "model/communicator.h"
 
 namespace nibble::cuda {
@@ -55,7 +56,7 @@ class NcclGroup {
   std::shared_ptr<P2pGroup> p2p_;  // null: NCCL sums everything
 };
 
-class NcclCommunicator final : public Communicator {
+class NcclCommunicator final : public Communicator, public ResidualNormAllReduce {
  public:
   // Joins `group` as `rank` on the calling thread's current device; all ranks must call it at
   // once, each on its own thread. Fails (and aborts the group) when init fails or the group aborts.
@@ -70,6 +71,8 @@ class NcclCommunicator final : public Communicator {
   int size() const override { return group_->size(); }
   void all_reduce_sum(Tensor& x) override;  // BF16 or F32 on this rank's device
   void all_reduce_max(Tensor& x) override;  // F32 on this rank's device
+  // Peer to peer where the sum fits (P2pAllReduce::fits_add_rms_norm); else false.
+  bool all_reduce_add_rms_norm(Tensor& y, Tensor& residual, const Tensor& weight, float eps, Tensor& out) override;
   void abort() override { group_->abort(); }
   // Whether sums and maxima of at most kP2pMaxBytes go peer to peer (asked for, and the GPUs allow
   // it).

@@ -16,6 +16,7 @@
 // about whole calls.
 #include <cuda_bf16.h>
 
+#include <algorithm>
 #include <cstring>
 #include <type_traits>
 
@@ -23,6 +24,7 @@
 #include "cuda/launch.h"
 #include "cuda/p2p_all_reduce.h"
 #include "cuda/ptx.cuh"
+#include "cuda/vec8.cuh"
 
 namespace nibble::cuda {
 namespace {
@@ -159,6 +161,31 @@ __device__ inline void reduce_out(const P2pParams& p, std::size_t half_offset, i
   }
 }
 
+// Flags block b of every peer with `epoch`, then waits until every peer's block b has flagged it, or
+// the group aborted (then *aborted is 1). Every thread of the block calls it after writing its part of
+// the staging; the barrier first orders those writes before the release stores (release is cumulative
+// over what the storing thread has observed), so a peer that acquires the flag sees them.
+__device__ inline void exchange_flags(const P2pParams& p, int b, uint64_t epoch, int* aborted) {
+  __syncthreads();
+  const int peer = static_cast<int>(threadIdx.x);
+  if (peer < p.size && peer != p.rank) {
+    store_release(p.flags[peer] + p.rank * kP2pMaxBlocks + b, epoch);
+    const uint64_t* flag = p.flags[p.rank] + peer * kP2pMaxBlocks + b;
+    uint64_t started = 0;
+    for (uint32_t spins = 1; load_acquire(flag) < epoch; ++spins) {
+      if (spins % 1024 != 0) continue;
+      if (*p.abort_flag != 0) {
+        *aborted = 1;
+        break;
+      }
+      const uint64_t now = global_ns();
+      if (started == 0) started = now;
+      if (now - started > kSpinTimeoutNs) __trap();
+    }
+  }
+  __syncthreads();
+}
+
 template <typename T, P2pOp kOp>
 __global__ void __launch_bounds__(kThreads)
     p2p_all_reduce_kernel(const __grid_constant__ P2pParams p) {
@@ -183,27 +210,7 @@ __global__ void __launch_bounds__(kThreads)
   T* mine = reinterpret_cast<T*>(p.staging[p.rank] + half_offset);
   copy_in<T, kN>(x, p.x_aligned, mine, 0, begin, end);
   if (last) copy_in<T, 1>(x, p.x_aligned, mine, tail_first, 0, tail);
-  // The barrier orders every thread's staging writes before the release stores below (release is
-  // cumulative over what the storing thread has observed), so a peer that acquires the flag sees
-  // them.
-  __syncthreads();
-  const int peer = static_cast<int>(threadIdx.x);
-  if (peer < p.size && peer != p.rank) {
-    store_release(p.flags[peer] + p.rank * kP2pMaxBlocks + b, epoch);
-    const uint64_t* flag = p.flags[p.rank] + peer * kP2pMaxBlocks + b;
-    uint64_t started = 0;
-    for (uint32_t spins = 1; load_acquire(flag) < epoch; ++spins) {
-      if (spins % 1024 != 0) continue;
-      if (*p.abort_flag != 0) {
-        aborted = 1;
-        break;
-      }
-      const uint64_t now = global_ns();
-      if (started == 0) started = now;
-      if (now - started > kSpinTimeoutNs) __trap();
-    }
-  }
-  __syncthreads();
+  exchange_flags(p, b, epoch, &aborted);
   if (aborted) return;
 
   reduce_out<T, kOp, kN>(p, half_offset, 0, begin, end);
@@ -211,7 +218,119 @@ __global__ void __launch_bounds__(kThreads)
   if (threadIdx.x == 0) p.epochs[b] = epoch;
 }
 
+// The F32 sum over ranks of y's row `row`, 8 columns from `col` on, in rank order as reduce_out adds
+// (this rank's own values from y).
+__device__ inline void sum8(const P2pParams& p, std::size_t half_offset, int64_t i, float (&s)[8]) {
+  const float* y = static_cast<const float*>(p.x);
+#pragma unroll
+  for (int r = 0; r < kP2pMaxRanks; ++r) {
+    if (r >= p.size) break;
+    float v[8];
+    if (r == p.rank) {
+      load8(y + i, v);
+    } else {
+      const auto* peer = reinterpret_cast<const float*>(p.staging[r] + half_offset) + i;
+      const Vec<float, 4> a = load_peer<float, 4>(peer, 0), c = load_peer<float, 4>(peer, 4);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) v[k] = a.e[k], v[4 + k] = c.e[k];
+    }
+#pragma unroll
+    for (int k = 0; k < 8; ++k) s[k] = r == 0 ? v[k] : s[k] + v[k];
+  }
+}
+
+// The sum, then the residual add and RMSNorm (P2pAllReduce::reduce_add_rms_norm). Block b takes rows
+// b, b + grid, ... on every rank: it stages them, exchanges flags like the plain kernel, then adds each
+// row's sum into the residual and normalizes it with rms_norm_kernel's layout and arithmetic
+// (basic_ops.cu: thread i holds units i, i + blockDim, ... of 8 columns, the block as wide as that
+// kernel's), so the values equal the plain sum then add_rms_norm bit for bit.
+template <int kUnits>
+__global__ void __launch_bounds__(kThreads)
+    p2p_all_reduce_add_rms_norm_kernel(const __grid_constant__ P2pParams p, const __grid_constant__ P2pNormArgs n) {
+  __shared__ int aborted;
+  __shared__ float warp_sums[kThreads / 32];
+  const int b = blockIdx.x;
+  ptx::grid_dependency_wait();
+  ptx::launch_dependents();
+  const uint64_t epoch = p.epochs[b] + 1;
+  if (threadIdx.x == 0) aborted = 0;
+  const std::size_t half_offset = (epoch % 2) * kP2pMaxBytes;
+  const int64_t units = n.cols / 8;
+
+  const float* y = static_cast<const float*>(p.x);
+  float* mine = reinterpret_cast<float*>(p.staging[p.rank] + half_offset);
+  for (int64_t row = b; row < n.rows; row += gridDim.x)
+    for (int64_t u = threadIdx.x; u < 2 * units; u += blockDim.x)  // 16-byte halves of the units
+      reinterpret_cast<float4*>(mine + row * n.cols)[u] = reinterpret_cast<const float4*>(y + row * n.cols)[u];
+  exchange_flags(p, b, epoch, &aborted);
+  if (aborted) return;
+
+  const auto* weight = static_cast<const __nv_bfloat16*>(n.weight);
+  for (int64_t row = b; row < n.rows; row += gridDim.x) {
+    float* x = n.residual + row * n.cols;
+    float v[kUnits][8];
+    uint4 w_raw[kUnits] = {};
+    float sum = 0.0f;
+#pragma unroll
+    for (int u = 0; u < kUnits; ++u) {
+      const int64_t unit = u * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+      if (unit < units) {
+        load8(x + unit * 8, v[u]);
+        w_raw[u] = *reinterpret_cast<const uint4*>(weight + unit * 8);
+        float add[8];
+        sum8(p, half_offset, row * n.cols + unit * 8, add);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) v[u][j] += add[j];
+        store8(x + unit * 8, v[u]);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) sum += v[u][j] * v[u][j];
+      }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o /= 2) sum += __shfl_xor_sync(0xFFFFFFFFu, sum, o);
+    if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = sum;
+    __syncthreads();
+    float total = 0.0f;
+    for (int w = 0; w < static_cast<int>(blockDim.x / 32); ++w) total += warp_sums[w];
+    const float inv = 1.0f / sqrtf(total / static_cast<float>(n.cols) + n.eps);
+    auto* out = static_cast<__nv_bfloat16*>(n.out) + row * n.cols;
+#pragma unroll
+    for (int u = 0; u < kUnits; ++u) {
+      const int64_t unit = u * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+      if (unit < units) {
+        float w[8];
+        unpack8(w_raw[u], w);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) w[j] = v[u][j] * inv * w[j];
+        store8(out + unit * 8, w);
+      }
+    }
+    __syncthreads();  // warp_sums read by every thread before the next row writes it
+  }
+  if (threadIdx.x == 0) p.epochs[b] = epoch;
+}
+
 }  // namespace
+
+void launch_p2p_all_reduce_add_rms_norm(const P2pParams& params, const P2pNormArgs& norm, int grid,
+                                        cudaStream_t stream) {
+  check(grid >= 1 && grid <= kP2pMaxBlocks && params.size >= 2 && params.size <= kP2pMaxRanks,
+        "peer-to-peer all-reduce: grid ", grid, ", ", params.size, " ranks");
+  // rms_norm's block (basic_ops.cu launch_norm): 256 threads (fewer for a short row) holding up to 8
+  // units each, 512 above 2048 units.
+  const int64_t units = norm.cols / 8;
+  int threads = static_cast<int>(std::min<int64_t>(256, (units + 31) / 32 * 32));
+  if (units > int64_t{256} * 8) threads = 512;
+  const int64_t per_thread = (units + threads - 1) / threads;
+  check(norm.cols % 8 == 0 && per_thread <= 4, "peer-to-peer all-reduce + norm: ", norm.cols, " columns");
+  if (per_thread <= 1)
+    launch_kernel(p2p_all_reduce_add_rms_norm_kernel<1>, grid, threads, 0, stream, params, norm);
+  else if (per_thread <= 2)
+    launch_kernel(p2p_all_reduce_add_rms_norm_kernel<2>, grid, threads, 0, stream, params, norm);
+  else
+    launch_kernel(p2p_all_reduce_add_rms_norm_kernel<4>, grid, threads, 0, stream, params, norm);
+  cuda_check(cudaGetLastError());
+}
 
 void launch_p2p_all_reduce(const P2pParams& params, P2pDType dtype, P2pOp op, int grid,
                            cudaStream_t stream) {

@@ -23,6 +23,7 @@ namespace nibble::cuda {
 constexpr int kP2pMaxRanks = 8;
 constexpr int kP2pMaxBlocks = 64;               // the grid (fewer where a GPU has fewer SMs)
 constexpr std::size_t kP2pMaxBytes = 4u << 20;  // the largest message: one half of a staging buffer
+constexpr int64_t kP2pNormMaxCols = 8192;        // the widest row reduce_add_rms_norm takes (no spills)
 
 // The state the ranks' threads share: each rank's device buffer once published, the setup barrier,
 // and the abort flag (mapped host memory) that a kernel waiting for its peers polls.
@@ -75,6 +76,15 @@ struct P2pParams {
   const volatile int* abort_flag = nullptr;
 };
 
+// The residual add and RMSNorm after a sum (P2pAllReduce::reduce_add_rms_norm).
+struct P2pNormArgs {
+  float* residual = nullptr;     // (rows, cols) F32, += the sum
+  const void* weight = nullptr;  // (cols) BF16
+  void* out = nullptr;           // (rows, cols) BF16: rms_norm(residual) · weight
+  int64_t rows = 0, cols = 0;
+  float eps = 0.0f;
+};
+
 class P2pAllReduce {
  public:
   // Joins `group` as `rank` on the calling thread's current device; all ranks at once, each on its
@@ -91,6 +101,15 @@ class P2pAllReduce {
   // and element count, in the same order, each rank's calls on one stream (the reuse argument in
   // p2p_all_reduce.cu rests on it).
   void reduce(Tensor& x, P2pOp op, cudaStream_t stream) const;
+  // Whether reduce_add_rms_norm takes y: enabled, F32 (T, H) on the device of at most kP2pMaxBytes,
+  // H a multiple of 8 up to kP2pNormMaxCols, 16-byte aligned.
+  bool fits_add_rms_norm(const Tensor& y) const;
+  // residual (F32, y's shape) += the sum over ranks of y (F32 sums in rank order), then out (BF16) =
+  // rms_norm(residual) · weight (BF16 (H)): the values of reduce(y, kSum) then add_rms_norm
+  // (basic_ops.h) bit for bit, in one kernel; y keeps this rank's values. The rules of reduce apply,
+  // and both kinds of call share the epochs.
+  void reduce_add_rms_norm(const Tensor& y, Tensor& residual, const Tensor& weight, float eps, Tensor& out,
+                           cudaStream_t stream) const;
 
  private:
   std::shared_ptr<P2pGroup> group_;
@@ -103,5 +122,7 @@ class P2pAllReduce {
 enum class P2pDType { kF32, kBF16 };
 void launch_p2p_all_reduce(const P2pParams& params, P2pDType dtype, P2pOp op, int grid,
                            cudaStream_t stream);
+void launch_p2p_all_reduce_add_rms_norm(const P2pParams& params, const P2pNormArgs& norm, int grid,
+                                        cudaStream_t stream);
 
 }  // namespace nibble::cuda

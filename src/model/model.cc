@@ -65,13 +65,12 @@ Tensor Model::forward(const ForwardBatch& batch, KvCache& cache) {
   Tensor qkv = ops_.empty(act, {tokens, qkv_size});
   Tensor attn = ops_.empty(act, {tokens, q_size});
 
-  // y (a rank's partial sum under tensor parallelism) = the sum over the ranks.
-  const auto all_reduce = [&] {
+  // y, a rank's partial sum under tensor parallelism, summed over the ranks; then x += y, or x +=
+  // post_norm(y) with sandwich norms (its output h in the activation dtype); then h = next_norm(x), the
+  // norm that follows every residual add, fused with the sum and the add where the backend can.
+  const auto reduce_add_norm = [&](const Tensor& post_norm, const Tensor& next_norm) {
+    if (tp_group != nullptr && !sandwich) return ops_.all_reduce_add_rms_norm(*tp_group, y, x, next_norm, eps, h);
     if (tp_group != nullptr) tp_group->all_reduce_sum(y);
-  };
-  // x += y, or x += post_norm(y) with sandwich norms (its output h in the activation dtype); then h =
-  // next_norm(x), the norm that follows every residual add, fused with the add where the backend can.
-  const auto residual_add_norm = [&](const Tensor& post_norm, const Tensor& next_norm) {
     if (sandwich) {
       ops_.rms_norm(y, post_norm, eps, h);
       ops_.add_rms_norm(x, h, next_norm, eps, h);
@@ -99,12 +98,10 @@ Tensor Model::forward(const ForwardBatch& batch, KvCache& cache) {
     ops_.linear(h, layer.attention.qkv_proj, qkv);
     ops_.rope_attention(qkv, c.rope_theta, cache.layers[i], cache.dtype, batch, attention, attn);
     ops_.linear(attn, layer.attention.o_proj, y, tp_group);
-    all_reduce();
-    residual_add_norm(layer.post_attn_norm, layer.pre_moe_norm);
+    reduce_add_norm(layer.post_attn_norm, layer.pre_moe_norm);
 
     ops_.moe(h, layer.moe, moe, y);
-    all_reduce();
-    residual_add_norm(layer.post_moe_norm, i + 1 < layers ? weights_.layers[i + 1].pre_attn_norm : weights_.norm);
+    reduce_add_norm(layer.post_moe_norm, i + 1 < layers ? weights_.layers[i + 1].pre_attn_norm : weights_.norm);
   }
   Tensor logits = ops_.empty(DType::kF32, {batch.logit_rows.dim(0), c.vocab_size});
   ops_.logits(h, batch.logit_rows, weights_.lm_head, logits);

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "core/counter_rng.h"
+#include "model/communicator.h"
 
 namespace nibble {
 
@@ -58,6 +59,12 @@ void Ops::sample(const Tensor& logits, const Tensor& temperatures, const Tensor&
 void Ops::add_rms_norm(Tensor& x, const Tensor& y, const Tensor& weight, float eps, Tensor& out) {
   add(x, y);
   rms_norm(x, weight, eps, out);
+}
+
+void Ops::all_reduce_add_rms_norm(Communicator& group, Tensor& y, Tensor& x, const Tensor& weight, float eps,
+                                  Tensor& out) {
+  group.all_reduce_sum(y);
+  add_rms_norm(x, y, weight, eps, out);
 }
 
 void Ops::rope_attention(Tensor& qkv, double theta, KvCacheLayer& cache, KvCacheDType cache_dtype,

@@ -106,6 +106,11 @@ class Ops {
   // backend may fuse (the default calls add then rms_norm). out may be y itself (Grok-1's post-norm
   // output added to x and then replaced by the next norm's output).
   virtual void add_rms_norm(Tensor& x, const Tensor& y, const Tensor& weight, float eps, Tensor& out);
+  // group.all_reduce_sum(y), then add_rms_norm(x, y, weight, eps, out): the tensor-parallel sum of a
+  // layer's partial outputs and the residual add + RMSNorm after it, which a backend may fuse (the
+  // default runs the two). Afterwards y holds this rank's values or the sum.
+  virtual void all_reduce_add_rms_norm(Communicator& group, Tensor& y, Tensor& x, const Tensor& weight, float eps,
+                                       Tensor& out);
   // x *= factor, for F32 x (the residual stream, logits), any shape.
   virtual void scale(Tensor& x, float factor) = 0;
   // out (T, out_features) = x (T, in_features) · Wᵀ, x in the activation dtype; quantized formats
