@@ -161,6 +161,17 @@ __device__ inline void reduce_out(const P2pParams& p, std::size_t half_offset, i
   }
 }
 
+// The start of a call, in every kernel of this file: after the grid dependency wait (PDL: the previous
+// kernel's writes, x and the epochs included, are complete before any flag, staging or x access),
+// *aborted cleared and the epoch this call runs (every thread reads it before the first barrier;
+// thread 0 writes it back at the very end). The call writes staging half epoch % 2.
+__device__ inline uint64_t start_call(const P2pParams& p, int* aborted) {
+  ptx::grid_dependency_wait();
+  ptx::launch_dependents();
+  if (threadIdx.x == 0) *aborted = 0;
+  return p.epochs[blockIdx.x] + 1;
+}
+
 // Flags block b of every peer with `epoch`, then waits until every peer's block b has flagged it, or
 // the group aborted (then *aborted is 1). Every thread of the block calls it after writing its part of
 // the staging; the barrier first orders those writes before the release stores (release is cumulative
@@ -191,12 +202,7 @@ __global__ void __launch_bounds__(kThreads)
     p2p_all_reduce_kernel(const __grid_constant__ P2pParams p) {
   __shared__ int aborted;
   const int b = blockIdx.x;
-  // PDL: the previous kernel's writes (x, the epochs) are complete before any flag, staging or x access.
-  ptx::grid_dependency_wait();
-  ptx::launch_dependents();
-  // Read by every thread before the barrier below; thread 0 writes it back at the very end.
-  const uint64_t epoch = p.epochs[b] + 1;
-  if (threadIdx.x == 0) aborted = 0;
+  const uint64_t epoch = start_call(p, &aborted);
   const std::size_t half_offset = (epoch % 2) * kP2pMaxBytes;
 
   // This block's packs [begin, end) (the same on every rank); the last block also takes the tail.
@@ -250,10 +256,7 @@ __global__ void __launch_bounds__(kThreads)
   __shared__ int aborted;
   __shared__ float warp_sums[kThreads / 32];
   const int b = blockIdx.x;
-  ptx::grid_dependency_wait();
-  ptx::launch_dependents();
-  const uint64_t epoch = p.epochs[b] + 1;
-  if (threadIdx.x == 0) aborted = 0;
+  const uint64_t epoch = start_call(p, &aborted);
   const std::size_t half_offset = (epoch % 2) * kP2pMaxBytes;
   const int64_t units = n.cols / 8;
 
