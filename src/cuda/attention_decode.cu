@@ -50,6 +50,7 @@ struct DecodeArgs {
   int heads, kv_heads, group, splits;
   int chunk_align;  // a slice's keys are a multiple of this (kWarps · kWarpKeys: every warp the same tiles)
   float q_scale, logit_softcap, v_scale;
+  bool exp_softcap;  // the soft-cap's tanh through one exponential (softcap_by_exp) rather than tanhf
   // rope_attention's decode steps (attention_decode.h), else inv_freq null.
   const float* inv_freq;         // (D / 2)
   const int32_t* positions;      // (S)
@@ -60,6 +61,13 @@ struct DecodeArgs {
 };
 
 static_assert(kThreads == kHeadDim, "the KV append takes an element of v a thread");
+
+// c·tanh(x / c) as c·(1 - 2 / (1 + e^(2x/c))): one exponential and one fast division where tanhf takes
+// a polynomial or an exponential by the size of x. The absolute error stays near c·1e-7, which a
+// softmax over logits sees as a factor of 1 ± 3e-6 on a probability at c = 30.
+__device__ inline float softcap_by_exp(float x, float cap) {
+  return cap * (1.0f - __fdividef(2.0f, 1.0f + __expf(2.0f * x / cap)));
+}
 
 // Sequence s's new key (kv head kh), rotated by the step's angles, and its value into the cache: the
 // arithmetic of rope_append_kv_kernel (attention.cu), element by element.
@@ -87,8 +95,11 @@ __device__ inline void append_new_kv(const DecodeArgs& a, int s, int kh, const f
 // kClusterMerge: the grid's x (the slices) is one thread-block cluster, whose blocks merge their slices
 // through distributed shared memory and write the output, where otherwise each writes its slice to
 // part_acc and part_ml for merge_kernel.
+#ifndef NIBBLE_DECODE_MIN_BLOCKS  // blocks an SM the compiler must fit (tuning: registers against occupancy)
+#define NIBBLE_DECODE_MIN_BLOCKS 1
+#endif
 template <bool kFp8, bool kClusterMerge>
-__global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant__ DecodeArgs a) {
+__global__ void __launch_bounds__(kThreads, NIBBLE_DECODE_MIN_BLOCKS) decode_kernel(const __grid_constant__ DecodeArgs a) {
   constexpr int kElemBytes = kFp8 ? 1 : 2;
   __shared__ float m_w[kWarps][kMaxGroup], l_w[kWarps][kMaxGroup];
   __shared__ float acc_w[kWarps][kMaxGroup][kHeadDim];
@@ -208,7 +219,8 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
         float x = sc[c][i] * a.q_scale;
-        if (a.logit_softcap > 0.0f) x = a.logit_softcap * tanhf(x / a.logit_softcap);
+        if (a.logit_softcap > 0.0f)
+          x = a.exp_softcap ? softcap_by_exp(x, a.logit_softcap) : a.logit_softcap * tanhf(x / a.logit_softcap);
         sc[c][i] = tile + 8 * c + 2 * t + i < end ? x : -INFINITY;
         mx = fmaxf(mx, sc[c][i]);
       }
@@ -401,13 +413,35 @@ struct DecodeGrid {
   bool cluster;
   int64_t blocks, slots;
 };
+// NIBBLE_DECODE_WAVES (tuning) overrides the two waves.
+int64_t decode_waves() {
+  static const int64_t waves = [] {
+    const char* v = std::getenv("NIBBLE_DECODE_WAVES");
+    const int n = v != nullptr && *v != '\0' ? std::atoi(v) : 2;
+    check(n >= 1 && n <= 16, "NIBBLE_DECODE_WAVES must be 1 to 16");
+    return int64_t{n};
+  }();
+  return waves;
+}
+
+// Whether the soft-cap takes softcap_by_exp (NIBBLE_DECODE_SOFTCAP=exp) or tanhf (=tanh, the default).
+bool exp_softcap() {
+  static const bool on = [] {
+    const char* v = std::getenv("NIBBLE_DECODE_SOFTCAP");
+    const std::string_view name = v != nullptr ? v : "";
+    check(name.empty() || name == "exp" || name == "tanh", "NIBBLE_DECODE_SOFTCAP must be exp or tanh, not ", name);
+    return name == "exp";
+  }();
+  return on;
+}
+
 DecodeGrid decode_grid(const ForwardBatch& batch, const AttentionParams& params, bool fp8) {
   int per_sm = 0;
   cuda_check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
       &per_sm, fp8 ? decode_kernel<true, false> : decode_kernel<false, false>, kThreads, 0));
   const int64_t slots = int64_t{std::max(per_sm, 1)} * multiprocessor_count();
-  const int64_t pairs = batch.num_seqs * params.num_kv_heads;
-  int splits = static_cast<int>(std::clamp<int64_t>((2 * slots + pairs - 1) / pairs, 1, kMaxSplits));
+  const int64_t pairs = batch.num_seqs * params.num_kv_heads, aim = decode_waves() * slots;
+  int splits = static_cast<int>(std::clamp<int64_t>((aim + pairs - 1) / pairs, 1, kMaxSplits));
   const bool cluster = cluster_merge_wanted(batch.max_seq_len);
   if (cluster) splits = std::min(splits, fp8 ? max_cluster_slices<true>() : max_cluster_slices<false>());
   return {.splits = splits, .cluster = cluster, .blocks = splits * pairs, .slots = slots};
@@ -453,6 +487,7 @@ void attention_decode(const Tensor& qkv, KvCacheLayer& cache, KvCacheDType cache
                      .chunk_align = chunk_align(),
                      .q_scale = params.softmax_scale * (fp8 ? params.k_scale : 1.0f),
                      .logit_softcap = params.logit_softcap, .v_scale = fp8 ? params.v_scale : 1.0f,
+                     .exp_softcap = exp_softcap(),
                      .inv_freq = inv_freq != nullptr ? inv_freq->data<float>() : nullptr,
                      .positions = batch.positions.data<int32_t>(), .slot_mapping = batch.slot_mapping.data<int32_t>(),
                      .k_store = cache.k.raw(), .v_store = cache.v.raw(), .k_store_scale = params.k_scale,

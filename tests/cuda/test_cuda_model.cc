@@ -653,6 +653,65 @@ TEST(CudaOpsTwin, DecodeAttention) {
         }
 }
 
+// Not a check: decode attention as a decode step at batch 32 and 1 runs it (20 calls recorded in a CUDA
+// graph and replayed), every sequence at 1025 keys over an FP8 cache whose blocks are shuffled, the
+// graph recorded for the model's whole context as the engine records it: µs a call and the cache's
+// bytes over it. Mixtral-8x7B (32 query heads, 8 KV heads, context 32768), Grok-1 (48/8, soft-cap 30,
+// context 8192) and one rank of Grok-1 at tp 2 (24/4).
+TEST(CudaOpsTwin, DecodeAttentionTiming) {
+  SKIP_WITHOUT_GPU();
+  cuda::CudaOps gpu;
+  struct Shape {
+    const char* name;
+    int64_t heads, kv_heads;
+    float softcap;
+    int32_t context;
+  };
+  constexpr int64_t D = 128, block = 16, L = 1025;
+  for (const Shape shape : {Shape{"Mixtral-8x7B", 32, 8, 0.0f, 32768}, Shape{"Grok-1", 48, 8, 30.0f, 8192},
+                            Shape{"Grok-1 tp 2 rank", 24, 4, 30.0f, 8192}})
+    for (const int64_t S : {32, 1}) {
+      const int64_t per_seq = (L + block - 1) / block, blocks = S * per_seq;
+      std::vector<int32_t> perm(blocks);
+      std::iota(perm.begin(), perm.end(), 0);
+      std::shuffle(perm.begin(), perm.end(), std::mt19937(11));
+      std::vector<int32_t> slots(S), positions(S, L - 1), seq_lens(S, L), query_start(S + 1);
+      for (int64_t s = 0; s < S; ++s) slots[s] = static_cast<int32_t>(perm[s * per_seq + (L - 1) / block] * block);
+      std::iota(query_start.begin(), query_start.end(), 0);
+      const ForwardBatch batch{.num_tokens = S, .num_seqs = S, .token_ids = gpu.upload(i32(std::vector<int32_t>(S))),
+                               .positions = gpu.upload(i32(positions)), .query_start = gpu.upload(i32(query_start)),
+                               .seq_lens = gpu.upload(i32(seq_lens)),
+                               .block_tables = gpu.upload(i32(perm).reshape({S, per_seq})),
+                               .slot_mapping = gpu.upload(i32(slots)), .logit_rows = gpu.upload(i32({0})),
+                               .max_query_len = 1, .max_seq_len = shape.context};
+      KvCacheLayer cache{.k = gpu.empty(DType::kF8E4M3, {blocks, block, shape.kv_heads, D}),
+                         .v = gpu.empty(DType::kF8E4M3, {blocks, block, shape.kv_heads, D})};
+      cuda_check(cudaMemset(cache.k.raw(), 0x30, cache.k.nbytes()));  // e4m3 0x30 = 0.25
+      cuda_check(cudaMemset(cache.v.raw(), 0x30, cache.v.nbytes()));
+      const AttentionParams p{.num_heads = shape.heads, .num_kv_heads = shape.kv_heads, .head_dim = D,
+                              .softmax_scale = 0.088f, .k_scale = 0.05f, .v_scale = 0.04f,
+                              .logit_softcap = shape.softcap};
+      Tensor qkv = gpu.empty(DType::kBF16, {S, (shape.heads + 2 * shape.kv_heads) * D});
+      cuda_check(cudaMemset(qkv.raw(), 0x3C, qkv.nbytes()));
+      Tensor out = gpu.empty(DType::kBF16, {S, shape.heads * D});
+      constexpr int kCalls = 20, kReplays = 20;
+      gpu.attention(qkv, cache, KvCacheDType::kFp8E4M3, batch, p, out);
+      auto step = gpu.record([&] {
+        for (int i = 0; i < kCalls; ++i) gpu.attention(qkv, cache, KvCacheDType::kFp8E4M3, batch, p, out);
+      });
+      ASSERT_NE(step, nullptr);
+      step->replay();
+      const float ms = testing::gpu_milliseconds(cuda::compute_stream(), [&] {
+        for (int r = 0; r < kReplays; ++r) step->replay();
+      });
+      const double us = 1000.0 * ms / (kCalls * kReplays), bytes = 2.0 * S * L * shape.kv_heads * D;
+      std::cout << "decode attention " << shape.name << " (" << shape.heads << "/" << shape.kv_heads << "), batch " << S
+                << ", " << L << " keys, FP8 cache: " << us << " us a call, " << bytes / us * 1e-3 << " GB/s\n";
+      const Tensor host = to_f32(cuda::download(out));
+      for (int64_t i = 0; i < host.numel(); i += 1031) ASSERT_TRUE(std::isfinite(host.data<float>()[i])) << shape.name;
+    }
+}
+
 // One step of the prefill kernel's test: sequences given as (cached tokens, new tokens), their blocks a
 // shuffled slice of the cache (block size 16); the cached history is random and stored through the CPU
 // twin's own rounding, the new tokens' KV is appended by the attention call itself. Output poisoned;
