@@ -127,7 +127,7 @@ void CudaOps::all_reduce_add_rms_norm(Communicator& group, Tensor& y, Tensor& x,
     const char* v = std::getenv("NIBBLE_TP_FUSED_NORM");
     const std::string_view name = v != nullptr ? v : "";
     check(name.empty() || name == "0" || name == "1", "NIBBLE_TP_FUSED_NORM must be 0 or 1, not ", name);
-    return name == "1";
+    return name != "0";
   }();
   auto* fusing = dynamic_cast<ResidualNormAllReduce*>(&group);
   if (fused && fusing != nullptr && fusing->all_reduce_add_rms_norm(y, x, weight, eps, out)) return;

@@ -39,9 +39,8 @@ class CudaOps final : public Ops {
   void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) override;
   void add(Tensor& x, const Tensor& y) override;
   void add_rms_norm(Tensor& x, const Tensor& y, const Tensor& weight, float eps, Tensor& out) override;
-  // In one kernel where the communicator offers it (residual_norm_all_reduce.h) and
-  // NIBBLE_TP_FUSED_NORM=1 (not yet measured on GPUs, so off by default); else the sum, then
-  // add_rms_norm.
+  // In one kernel where the communicator offers it (residual_norm_all_reduce.h), unless
+  // NIBBLE_TP_FUSED_NORM=0; else the sum, then add_rms_norm.
   void all_reduce_add_rms_norm(Communicator& group, Tensor& y, Tensor& x, const Tensor& weight, float eps,
                                Tensor& out) override;
   void scale(Tensor& x, float factor) override;

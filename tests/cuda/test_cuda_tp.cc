@@ -22,6 +22,7 @@
 #include "cuda/cuda_ops.h"
 #include "cuda/device.h"
 #include "cuda/launch.h"
+#include "cuda/moe_quantize.h"
 #include "cuda/nccl_communicator.h"
 #include "cuda/p2p_all_reduce.h"
 #include "cuda/tp_device_group.h"
@@ -137,6 +138,44 @@ TEST(CudaTensorParallel, OneLayerStaysClose) {
       EXPECT_LE(one.worst, 0.05) << dir << " " << quantization_name(q);
       compare_tp2_with_one_gpu(dir, q, 2);
     }
+}
+
+// The logits of a fixture (cut to its first `layers` layers when > 0) on one GPU or on a group of `tp`.
+Tensor fixture_logits(const std::string& dir, Quantization q, int tp, int layers) {
+  ModelConfig c = load_model_config(dir);
+  if (layers > 0) c.num_hidden_layers = layers;
+  cuda::CudaOps gpu;
+  const std::vector<int32_t> ids = prompt_ids(dir);
+  if (tp == 1) {
+    Model one(c, load_weights(Checkpoint::open(dir), c, q, gpu), gpu);
+    return full_logits(one, ids, KvCacheDType::kBf16);
+  }
+  CpuOps host;
+  const ModelWeights host_weights = load_weights(Checkpoint::open(dir), c, q, host);
+  const auto group = cuda::make_cuda_tp_model(c, tp, gpu, [&](int rank, const ModelConfig&, Ops& ops) {
+    return place_shard(host_weights, c, rank, tp, ops);
+  });
+  return full_logits(*group, ids, KvCacheDType::kBf16);
+}
+
+// FP8 activations at tp 2 are as accurate as on one GPU: against the unquantized model on one GPU, the
+// quantized model's logits at tp 2 are no further off than at tp 1 (a quarter more, plus 1e-3), one layer
+// and the whole fixture. This holds whichever amax each rank's slice is quantized with: run it under
+// NIBBLE_TP_LOCAL_AMAX=0 and =1 (scripts/gpu-check tp does both).
+TEST(CudaTensorParallel, QuantizedTp2AsAccurateAsOneGpu) {
+  SKIP_WITHOUT_TWO_GPUS();
+  for (const char* dir : {kMixtral, kGrok1})
+    for (const Quantization q : {Quantization::kFp8, Quantization::kQuarkInt4Fp8Moe})
+      for (const int layers : {1, 0}) {
+        const Tensor exact = fixture_logits(dir, Quantization::kNone, 1, layers);
+        const Comparison one = compare(exact, fixture_logits(dir, q, 1, layers));
+        const Comparison two = compare(exact, fixture_logits(dir, q, 2, layers));
+        std::cout << dir << " " << quantization_name(q) << (layers > 0 ? ", 1 layer" : ", every layer")
+                  << (cuda::tp_local_amax() ? ", each rank its own amax" : ", the row's amax over the ranks")
+                  << ": against the unquantized model, relative L2 whole / worst: tp 1 " << one.whole << " / "
+                  << one.worst << ", tp 2 " << two.whole << " / " << two.worst << "\n";
+        EXPECT_LE(two.whole, 1.25 * one.whole + 1e-3) << dir << " " << quantization_name(q) << " layers " << layers;
+      }
 }
 
 // The engine on a tp 2 group: decode steps replayed from every rank's CUDA graph (NCCL all-reduces
