@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <string_view>
 #include <type_traits>
 
@@ -45,7 +46,6 @@ struct DecodeArgs {
   const int32_t* seq_lens;      // (S)
   float* part_acc;             // (S, Hq, splits, D): Σ p·v of each slice, unnormalized
   float* part_ml;              // (S, Hq, splits, 2): running max and Σ p of each slice
-  int32_t* arrivals;           // (S, kv_heads): the last-block merge's counters, zero between calls
   bf16* out;                   // (S, Hq·D)
   int64_t width, max_blocks, block_size;
   int heads, kv_heads, group, splits;
@@ -85,37 +85,16 @@ __device__ inline void append_new_kv(const DecodeArgs& a, int s, int kh, const f
 // order of our choosing: thread (g = lane / 4, t = lane % 4) loads dims [32t, 32t + 32) of its key for
 // Q·Kᵀ (k-step j: dims 32t + 4j .. + 3) and, for Vᵀ, dims 32b + 4g .. + 3 of four keys; Oᵀ's row r of
 // m-tile i is dim 32·(i / 2) + 4·(r % 8) + 2·(i % 2) + r / 8.
-// kMerge: how the slices of a (sequence, KV head) become the output. kMergeKernel: each block writes its
-// slice to part_acc and part_ml for merge_kernel. kMergeCluster: the grid's x (the slices) is one
-// thread-block cluster, whose blocks merge their slices through distributed shared memory and write the
-// output. kMergeLast: each block writes its slice as for merge_kernel and counts itself in; the last to
-// arrive merges them all (and sets the count back to zero).
-constexpr int kMergeKernel = 0, kMergeCluster = 1, kMergeLast = 2;
-
-// Output (s, head h, dim d) from the slices in part_acc and part_ml (merge_kernel, kMergeLast). Loads
-// bypass L1: other blocks wrote the slices during this kernel.
-__device__ inline void merge_slices(const DecodeArgs& a, int s, int h, int d) {
-  const int64_t part0 = (int64_t{s} * a.heads + h) * a.splits;
-  float m = -FLT_MAX;
-  for (int sp = 0; sp < a.splits; ++sp) m = fmaxf(m, __ldcg(a.part_ml + 2 * (part0 + sp)));
-  float num = 0.0f, den = 0.0f;
-  for (int sp = 0; sp < a.splits; ++sp) {
-    const float l = __ldcg(a.part_ml + 2 * (part0 + sp) + 1);
-    if (l == 0.0f) continue;
-    const float w = __expf(__ldcg(a.part_ml + 2 * (part0 + sp)) - m);
-    num += w * __ldcg(a.part_acc + (part0 + sp) * kHeadDim + d);
-    den += w * l;
-  }
-  a.out[int64_t{s} * a.heads * kHeadDim + int64_t{h} * kHeadDim + d] =
-      __float2bfloat16_rn(den > 0.0f ? num / den * a.v_scale : 0.0f);
-}
-
-template <bool kFp8, int kMerge>
+// kClusterMerge: the grid's x (the slices) is one thread-block cluster, whose blocks merge their slices
+// through distributed shared memory and write the output, where otherwise each writes its slice to
+// part_acc and part_ml for merge_kernel. (A third way, each block counting itself in and the last to
+// arrive merging every slice, measured 25.1 µs a call at batch 1 against 15.7 with merge_kernel:
+// fourteenth session.)
+template <bool kFp8, bool kClusterMerge>
 __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant__ DecodeArgs a) {
   constexpr int kElemBytes = kFp8 ? 1 : 2;
   __shared__ float m_w[kWarps][kMaxGroup], l_w[kWarps][kMaxGroup];
   __shared__ float acc_w[kWarps][kMaxGroup][kHeadDim];
-  constexpr bool kClusterMerge = kMerge == kMergeCluster;
   __shared__ float slice_acc[kClusterMerge ? kMaxGroup : 1][kHeadDim];  // this block's slice, merged
   __shared__ float slice_m[kMaxGroup], slice_l[kMaxGroup];
   __shared__ float rope_sin[kHeadDim / 2], rope_cos[kHeadDim / 2];
@@ -341,20 +320,6 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
     }
     cluster.sync();  // no block leaves while another reads its shared memory
   }
-  if constexpr (kMerge == kMergeLast) {
-    __shared__ bool last;
-    __threadfence();  // this block's slice visible to the block that merges
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      int32_t* count = a.arrivals + int64_t{s} * a.kv_heads + kh;
-      last = atomicAdd(count, 1) == a.splits - 1;
-      if (last) *count = 0;  // every slice has arrived: ready for the next call
-    }
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    for (int i = threadIdx.x; i < G * kHeadDim; i += kThreads) merge_slices(a, s, kh * G + i / kHeadDim, i % kHeadDim);
-  }
 }
 
 // Keys a slice holds a multiple of: a block's four warps take 32-key tiles in turn, so a slice of
@@ -373,47 +338,39 @@ int chunk_align() {
 
 // One block per (sequence, query head): merges the slices.
 __global__ void __launch_bounds__(kHeadDim) merge_kernel(const __grid_constant__ DecodeArgs a) {
+  const int s = blockIdx.x, h = blockIdx.y, d = threadIdx.x;
   ptx::grid_dependency_wait();
   ptx::launch_dependents();
-  merge_slices(a, static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.y), static_cast<int>(threadIdx.x));
+  const int64_t part0 = (int64_t{s} * a.heads + h) * a.splits;
+  float m = -FLT_MAX;
+  for (int sp = 0; sp < a.splits; ++sp) m = fmaxf(m, a.part_ml[2 * (part0 + sp)]);
+  float num = 0.0f, den = 0.0f;
+  for (int sp = 0; sp < a.splits; ++sp) {
+    const float l = a.part_ml[2 * (part0 + sp) + 1];
+    if (l == 0.0f) continue;
+    const float w = __expf(a.part_ml[2 * (part0 + sp)] - m);
+    num += w * a.part_acc[(part0 + sp) * kHeadDim + d];
+    den += w * l;
+  }
+  a.out[int64_t{s} * a.heads * kHeadDim + int64_t{h} * kHeadDim + d] =
+      __float2bfloat16_rn(den > 0.0f ? num / den * a.v_scale : 0.0f);
 }
 
-// How the slices merge (decode_kernel's kMerge): NIBBLE_DECODE_MERGE=cluster, kernel or last; by
-// default the cluster, for contexts up to kClusterMaxKeys, where the clustered grid is one wave of
-// block slots (decode_grid), else merge_kernel.
+// How the slices merge (decode_kernel's kClusterMerge or merge_kernel): NIBBLE_DECODE_MERGE=cluster or
+// kernel; by default the cluster, for contexts up to kClusterMaxKeys, where the clustered grid is one
+// wave of block slots (decode_grid), else merge_kernel.
 constexpr int64_t kClusterMaxKeys = 8192;
-int merge_setting() {  // kMergeKernel, kMergeCluster, kMergeLast, or -1: by the rule of decode_grid
-  static const int setting = [] {
+enum class Merge { kKernel, kCluster };
+std::optional<Merge> merge_setting() {  // none: by the rule of decode_grid
+  static const std::optional<Merge> setting = []() -> std::optional<Merge> {
     const char* v = std::getenv("NIBBLE_DECODE_MERGE");
     const std::string_view name = v != nullptr ? v : "";
-    check(name.empty() || name == "cluster" || name == "kernel" || name == "last",
-          "NIBBLE_DECODE_MERGE must be cluster, kernel or last, not ", name);
-    return name == "cluster" ? kMergeCluster : name == "kernel" ? kMergeKernel : name == "last" ? kMergeLast : -1;
+    check(name.empty() || name == "cluster" || name == "kernel", "NIBBLE_DECODE_MERGE must be cluster or kernel, not ",
+          name);
+    if (name.empty()) return std::nullopt;
+    return name == "cluster" ? Merge::kCluster : Merge::kKernel;
   }();
   return setting;
-}
-
-// The last-block merge's arrival counters, one buffer a device, zeroed once; each call's last blocks set
-// theirs back to zero. Zeroed on a stream of its own, so that a first call inside a graph capture
-// (relaxed mode) neither joins the capture nor syncs with the captured stream.
-constexpr int64_t kMaxArrivals = int64_t{1} << 16;  // (sequence, KV head) pairs
-int32_t* merge_arrivals() {
-  static std::mutex mutex;
-  static std::map<int, int32_t*> by_device;
-  int device = 0;
-  cuda_check(cudaGetDevice(&device));
-  std::lock_guard lock(mutex);
-  int32_t*& arrivals = by_device[device];
-  if (arrivals == nullptr) {
-    const std::size_t bytes = kMaxArrivals * sizeof(int32_t);
-    cuda_check(cudaMalloc(&arrivals, bytes));
-    cudaStream_t zeroing = nullptr;
-    cuda_check(cudaStreamCreateWithFlags(&zeroing, cudaStreamNonBlocking));
-    cuda_check(cudaMemsetAsync(arrivals, 0, bytes, zeroing));
-    cuda_check(cudaStreamSynchronize(zeroing));
-    cuda_check(cudaStreamDestroy(zeroing));
-  }
-  return arrivals;
 }
 
 // The most slices a cluster of decode_kernel<kFp8, true> takes on this device: 16 (a non-portable
@@ -427,7 +384,7 @@ int max_cluster_slices() {
   std::lock_guard lock(mutex);
   auto [it, fresh] = by_device.try_emplace(device, 8);
   if (fresh) {
-    auto* kernel = decode_kernel<kFp8, kMergeCluster>;
+    auto* kernel = decode_kernel<kFp8, true>;
     cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
     cudaLaunchConfig_t config{};
     config.gridDim = dim3(16, 1, 1);
@@ -450,7 +407,7 @@ int max_cluster_slices() {
 // Grok-1 100.4 / 53.2 (a second wave of clusters, 16 blocks each, waits on the first whole).
 struct DecodeGrid {
   int splits;
-  int merge;  // kMergeKernel, kMergeCluster or kMergeLast
+  bool cluster;
   int64_t blocks, slots;
 };
 // NIBBLE_DECODE_WAVES (tuning) overrides the two waves.
@@ -467,19 +424,17 @@ int64_t decode_waves() {
 DecodeGrid decode_grid(const ForwardBatch& batch, const AttentionParams& params, bool fp8) {
   int per_sm = 0;
   cuda_check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-      &per_sm, fp8 ? decode_kernel<true, kMergeKernel> : decode_kernel<false, kMergeKernel>, kThreads, 0));
+      &per_sm, fp8 ? decode_kernel<true, false> : decode_kernel<false, false>, kThreads, 0));
   const int64_t slots = int64_t{std::max(per_sm, 1)} * multiprocessor_count();
   const int64_t pairs = batch.num_seqs * params.num_kv_heads, aim = decode_waves() * slots;
   int splits = static_cast<int>(std::clamp<int64_t>((aim + pairs - 1) / pairs, 1, kMaxSplits));
-  const int setting = merge_setting();
-  if (setting == kMergeLast && pairs <= kMaxArrivals)
-    return {.splits = splits, .merge = kMergeLast, .blocks = splits * pairs, .slots = slots};
-  if (setting == kMergeCluster || (setting == -1 && batch.max_seq_len <= kClusterMaxKeys)) {
+  const std::optional<Merge> setting = merge_setting();
+  if (setting == Merge::kCluster || (!setting && batch.max_seq_len <= kClusterMaxKeys)) {
     const int clustered = std::min(splits, fp8 ? max_cluster_slices<true>() : max_cluster_slices<false>());
-    if (setting == kMergeCluster || clustered * pairs <= slots)
-      return {.splits = clustered, .merge = kMergeCluster, .blocks = clustered * pairs, .slots = slots};
+    if (setting == Merge::kCluster || clustered * pairs <= slots)
+      return {.splits = clustered, .cluster = true, .blocks = clustered * pairs, .slots = slots};
   }
-  return {.splits = splits, .merge = kMergeKernel, .blocks = splits * pairs, .slots = slots};
+  return {.splits = splits, .cluster = false, .blocks = splits * pairs, .slots = slots};
 }
 
 }  // namespace
@@ -509,15 +464,13 @@ void attention_decode(const Tensor& qkv, KvCacheLayer& cache, KvCacheDType cache
   const int64_t S = batch.num_seqs, Hq = params.num_heads;
   if (S == 0) return;
   const bool fp8 = cache_dtype == KvCacheDType::kFp8E4M3;
-  const auto [splits, merge, blocks, slots] = decode_grid(batch, params, fp8);
-  const bool cluster = merge == kMergeCluster;
+  const auto [splits, cluster, blocks, slots] = decode_grid(batch, params, fp8);
   Tensor part_acc = cluster ? Tensor() : empty(DType::kF32, {S, Hq, splits, kHeadDim});
   Tensor part_ml = cluster ? Tensor() : empty(DType::kF32, {S, Hq, splits, 2});
   const DecodeArgs a{.qkv = qkv.data<bf16>(), .k_cache = cache.k.raw(), .v_cache = cache.v.raw(),
                      .block_tables = batch.block_tables.data<int32_t>(), .seq_lens = batch.seq_lens.data<int32_t>(),
                      .part_acc = cluster ? nullptr : part_acc.data<float>(),
-                     .part_ml = cluster ? nullptr : part_ml.data<float>(),
-                     .arrivals = merge == kMergeLast ? merge_arrivals() : nullptr, .out = out.data<bf16>(),
+                     .part_ml = cluster ? nullptr : part_ml.data<float>(), .out = out.data<bf16>(),
                      .width = qkv.dim(1), .max_blocks = batch.block_tables.dim(1), .block_size = cache.k.dim(1),
                      .heads = static_cast<int>(Hq), .kv_heads = static_cast<int>(params.num_kv_heads),
                      .group = static_cast<int>(Hq / params.num_kv_heads), .splits = splits,
@@ -532,22 +485,15 @@ void attention_decode(const Tensor& qkv, KvCacheLayer& cache, KvCacheDType cache
   if (cluster) {
     const unsigned shape = static_cast<unsigned>(splits);
     if (fp8)
-      launch_kernel_with({cluster_shape(shape)}, decode_kernel<true, kMergeCluster>, grid, kThreads, 0, stream, a);
+      launch_kernel_with({cluster_shape(shape)}, decode_kernel<true, true>, grid, kThreads, 0, stream, a);
     else
-      launch_kernel_with({cluster_shape(shape)}, decode_kernel<false, kMergeCluster>, grid, kThreads, 0, stream, a);
-    return cuda_check(cudaGetLastError());
-  }
-  if (merge == kMergeLast) {
-    if (fp8)
-      launch_kernel(decode_kernel<true, kMergeLast>, grid, kThreads, 0, stream, a);
-    else
-      launch_kernel(decode_kernel<false, kMergeLast>, grid, kThreads, 0, stream, a);
+      launch_kernel_with({cluster_shape(shape)}, decode_kernel<false, true>, grid, kThreads, 0, stream, a);
     return cuda_check(cudaGetLastError());
   }
   if (fp8)
-    launch_kernel(decode_kernel<true, kMergeKernel>, grid, kThreads, 0, stream, a);
+    launch_kernel(decode_kernel<true, false>, grid, kThreads, 0, stream, a);
   else
-    launch_kernel(decode_kernel<false, kMergeKernel>, grid, kThreads, 0, stream, a);
+    launch_kernel(decode_kernel<false, false>, grid, kThreads, 0, stream, a);
   cuda_check(cudaGetLastError());
   launch_kernel(merge_kernel, dim3(static_cast<unsigned>(S), static_cast<unsigned>(Hq)), kHeadDim, 0, stream, a);
   cuda_check(cudaGetLastError());

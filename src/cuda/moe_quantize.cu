@@ -5,6 +5,7 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <string_view>
 
@@ -293,13 +294,24 @@ void activation_quantize_fp8(const ActivationArgs& p, cudaStream_t stream) {
                      0, stream, p);
 }
 
+namespace {
+std::atomic<int> g_tp_local_amax{-1};  // -1: not yet read from the environment
+}  // namespace
+
 bool tp_local_amax() {
-  static const bool local = [] {
+  int local = g_tp_local_amax.load(std::memory_order_relaxed);
+  if (local < 0) {
     const char* v = std::getenv("NIBBLE_TP_LOCAL_AMAX");
-    return v != nullptr && std::string_view(v) == "1";
-  }();
-  return local;
+    const std::string_view name = v != nullptr ? v : "";
+    check(name.empty() || name == "0" || name == "1", "NIBBLE_TP_LOCAL_AMAX must be 0 or 1, not ", name);
+    int unread = -1;
+    g_tp_local_amax.compare_exchange_strong(unread, name == "0" ? 0 : 1);
+    local = g_tp_local_amax.load();
+  }
+  return local == 1;
 }
+
+void set_tp_local_amax(bool local) { g_tp_local_amax.store(local ? 1 : 0); }
 
 void activation_quantize_fp8(const ActivationArgs& p, Communicator* communicator, Tensor& amax,
                              cudaStream_t stream) {
