@@ -121,17 +121,20 @@ void CudaOps::add_rms_norm(Tensor& x, const Tensor& y, const Tensor& weight, flo
   cuda::add_rms_norm(x, y, weight, eps, out, stream_);
 }
 
-void CudaOps::all_reduce_add_rms_norm(Communicator& group, Tensor& y, Tensor& x, const Tensor& weight, float eps,
-                                      Tensor& out) {
-  static const bool fused = [] {
+void CudaOps::all_reduce_add_rms_norm(Communicator& group, Tensor& y, Tensor& x, const Tensor* post_weight,
+                                      const Tensor& weight, float eps, Tensor& out) {
+  enum class Fused { kNone, kPlain, kAll };  // kPlain: only without a post-norm
+  static const Fused fused = [] {
     const char* v = std::getenv("NIBBLE_TP_FUSED_NORM");
     const std::string_view name = v != nullptr ? v : "";
-    check(name.empty() || name == "0" || name == "1", "NIBBLE_TP_FUSED_NORM must be 0 or 1, not ", name);
-    return name != "0";
+    check(name.empty() || name == "0" || name == "1" || name == "all", "NIBBLE_TP_FUSED_NORM must be 0, 1 or all, not ",
+          name);
+    return name == "0" ? Fused::kNone : name == "all" ? Fused::kAll : Fused::kPlain;
   }();
   auto* fusing = dynamic_cast<ResidualNormAllReduce*>(&group);
-  if (fused && fusing != nullptr && fusing->all_reduce_add_rms_norm(y, x, weight, eps, out)) return;
-  Ops::all_reduce_add_rms_norm(group, y, x, weight, eps, out);
+  const bool wanted = fused == Fused::kAll || (fused == Fused::kPlain && post_weight == nullptr);
+  if (wanted && fusing != nullptr && fusing->all_reduce_add_rms_norm(y, x, post_weight, weight, eps, out)) return;
+  Ops::all_reduce_add_rms_norm(group, y, x, post_weight, weight, eps, out);
 }
 
 void CudaOps::scale(Tensor& x, float factor) { cuda::scale(x, factor, stream_); }

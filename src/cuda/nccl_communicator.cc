@@ -142,13 +142,13 @@ void NcclCommunicator::all_reduce_max(Tensor& x) {
   if (!reduce_peer_to_peer(x, P2pOp::kMax)) all_reduce(x, ncclMax);
 }
 
-bool NcclCommunicator::all_reduce_add_rms_norm(Tensor& y, Tensor& residual, const Tensor& weight, float eps,
-                                               Tensor& out) {
+bool NcclCommunicator::all_reduce_add_rms_norm(Tensor& y, Tensor& residual, const Tensor* post_weight,
+                                               const Tensor& weight, float eps, Tensor& out) {
   const PlainLaunches plain(plain_site("allreduce") || plain_site("allreduce-sum"));
   // The same choice on every rank: the same shapes.
   if (group_->size() == 1 || p2p_ == nullptr || !p2p_->fits_add_rms_norm(y)) return false;
   check(!group_->aborted(), "tensor parallel: another rank failed");
-  p2p_->reduce_add_rms_norm(y, residual, weight, eps, out, stream_);
+  p2p_->reduce_add_rms_norm(y, residual, post_weight, weight, eps, out, stream_);
   return true;
 }
 

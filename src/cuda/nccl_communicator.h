@@ -72,7 +72,8 @@ class NcclCommunicator final : public Communicator, public ResidualNormAllReduce
   void all_reduce_sum(Tensor& x) override;  // BF16 or F32 on this rank's device
   void all_reduce_max(Tensor& x) override;  // F32 on this rank's device
   // Peer to peer where the sum fits (P2pAllReduce::fits_add_rms_norm); else false.
-  bool all_reduce_add_rms_norm(Tensor& y, Tensor& residual, const Tensor& weight, float eps, Tensor& out) override;
+  bool all_reduce_add_rms_norm(Tensor& y, Tensor& residual, const Tensor* post_weight, const Tensor& weight, float eps,
+                               Tensor& out) override;
   void abort() override { group_->abort(); }
   // Whether sums and maxima of at most kP2pMaxBytes go peer to peer (asked for, and the GPUs allow
   // it).

@@ -152,24 +152,31 @@ bool P2pAllReduce::fits_add_rms_norm(const Tensor& y) const {
          y.nbytes() <= kP2pMaxBytes && y.dim(1) % 8 == 0 && y.dim(1) <= kP2pNormMaxCols && aligned(y.raw());
 }
 
-void P2pAllReduce::reduce_add_rms_norm(const Tensor& y, Tensor& residual, const Tensor& weight, float eps,
-                                       Tensor& out, cudaStream_t stream) const {
+void P2pAllReduce::reduce_add_rms_norm(const Tensor& y, Tensor& residual, const Tensor* post_weight,
+                                       const Tensor& weight, float eps, Tensor& out, cudaStream_t stream) const {
   check(fits_add_rms_norm(y), "peer-to-peer all-reduce + norm: ", y.describe(),
         " is not an aligned F32 (T, H) device tensor of at most ", kP2pMaxBytes, " bytes, H % 8 == 0");
   const int64_t T = y.dim(0), H = y.dim(1);
   expect(residual, DType::kF32, {T, H}, "peer-to-peer all-reduce + norm residual");
   expect(weight, DType::kBF16, {H}, "peer-to-peer all-reduce + norm weight");
+  if (post_weight != nullptr) expect(*post_weight, DType::kBF16, {H}, "peer-to-peer all-reduce + norm post weight");
   expect(out, DType::kBF16, {T, H}, "peer-to-peer all-reduce + norm output");
   const auto aligned = [](const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; };
-  check(aligned(residual.raw()) && aligned(weight.raw()) && aligned(out.raw()),
+  check(aligned(residual.raw()) && aligned(weight.raw()) && aligned(out.raw()) &&
+            (post_weight == nullptr || aligned(post_weight->raw())),
         "peer-to-peer all-reduce + norm: a tensor is not 16-byte aligned");
   if (T == 0) return;  // on every rank alike: the same shapes
   P2pParams p = params_;
   p.x = const_cast<void*>(y.raw());  // read only: the norm kernel writes residual and out
   p.numel = y.numel();
   p.x_aligned = true;
-  const P2pNormArgs norm{
-      .residual = residual.data<float>(), .weight = weight.raw(), .out = out.raw(), .rows = T, .cols = H, .eps = eps};
+  const P2pNormArgs norm{.residual = residual.data<float>(),
+                         .post_weight = post_weight != nullptr ? post_weight->raw() : nullptr,
+                         .weight = weight.raw(),
+                         .out = out.raw(),
+                         .rows = T,
+                         .cols = H,
+                         .eps = eps};
   launch_p2p_all_reduce_add_rms_norm(p, norm, grid_, stream);
 }
 

@@ -245,11 +245,25 @@ __device__ inline void sum8(const P2pParams& p, std::size_t half_offset, int64_t
   }
 }
 
+// The block's sum of `part` over its threads, in the order rms_norm_kernel (basic_ops.cu) adds: a
+// butterfly in each warp, then the warps in order by every thread. warp_sums is free again on return.
+__device__ inline float block_sum_in_order(float part, float* warp_sums) {
+#pragma unroll
+  for (int o = 16; o > 0; o /= 2) part += __shfl_xor_sync(0xFFFFFFFFu, part, o);
+  if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = part;
+  __syncthreads();
+  float total = 0.0f;
+  for (int w = 0; w < static_cast<int>(blockDim.x / 32); ++w) total += warp_sums[w];
+  __syncthreads();  // every thread has read warp_sums
+  return total;
+}
+
 // The sum, then the residual add and RMSNorm (P2pAllReduce::reduce_add_rms_norm). Block b takes rows
 // b, b + grid, ... on every rank: it stages them, exchanges flags like the plain kernel, then adds each
-// row's sum into the residual and normalizes it with rms_norm_kernel's layout and arithmetic
+// row's sum (normalized first with the post-norm weights, when given, and rounded to BF16 as rms_norm's
+// output is) into the residual and normalizes it with rms_norm_kernel's layout and arithmetic
 // (basic_ops.cu: thread i holds units i, i + blockDim, ... of 8 columns, the block as wide as that
-// kernel's), so the values equal the plain sum then add_rms_norm bit for bit.
+// kernel's), so the values equal the plain sum then the norms bit for bit.
 template <int kUnits>
 __global__ void __launch_bounds__(kThreads)
     p2p_all_reduce_add_rms_norm_kernel(const __grid_constant__ P2pParams p, const __grid_constant__ P2pNormArgs n) {
@@ -259,6 +273,7 @@ __global__ void __launch_bounds__(kThreads)
   const uint64_t epoch = start_call(p, &aborted);
   const std::size_t half_offset = (epoch % 2) * kP2pMaxBytes;
   const int64_t units = n.cols / 8;
+  const auto cols = static_cast<float>(n.cols);
 
   const float* y = static_cast<const float*>(p.x);
   float* mine = reinterpret_cast<float*>(p.staging[p.rank] + half_offset);
@@ -269,33 +284,51 @@ __global__ void __launch_bounds__(kThreads)
   if (aborted) return;
 
   const auto* weight = static_cast<const __nv_bfloat16*>(n.weight);
+  const auto* post_weight = static_cast<const __nv_bfloat16*>(n.post_weight);
   for (int64_t row = b; row < n.rows; row += gridDim.x) {
     float* x = n.residual + row * n.cols;
+    float add[kUnits][8];  // the row's sum over the ranks, post-normalized when asked
+#pragma unroll
+    for (int u = 0; u < kUnits; ++u) {
+      const int64_t unit = u * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+      if (unit < units) sum8(p, half_offset, row * n.cols + unit * 8, add[u]);
+    }
+    if (post_weight != nullptr) {  // rms_norm(sum) · post_weight, rounded to BF16
+      float squares = 0.0f;
+#pragma unroll
+      for (int u = 0; u < kUnits; ++u)
+        if (u * static_cast<int64_t>(blockDim.x) + threadIdx.x < units)
+#pragma unroll
+          for (int j = 0; j < 8; ++j) squares += add[u][j] * add[u][j];
+      const float inv = 1.0f / sqrtf(block_sum_in_order(squares, warp_sums) / cols + n.eps);
+#pragma unroll
+      for (int u = 0; u < kUnits; ++u) {
+        const int64_t unit = u * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+        if (unit < units) {
+          float w[8];
+          unpack8(*reinterpret_cast<const uint4*>(post_weight + unit * 8), w);
+#pragma unroll
+          for (int j = 0; j < 8; ++j) add[u][j] = __bfloat162float(__float2bfloat16_rn(add[u][j] * inv * w[j]));
+        }
+      }
+    }
     float v[kUnits][8];
     uint4 w_raw[kUnits] = {};
-    float sum = 0.0f;
+    float squares = 0.0f;
 #pragma unroll
     for (int u = 0; u < kUnits; ++u) {
       const int64_t unit = u * static_cast<int64_t>(blockDim.x) + threadIdx.x;
       if (unit < units) {
         load8(x + unit * 8, v[u]);
         w_raw[u] = *reinterpret_cast<const uint4*>(weight + unit * 8);
-        float add[8];
-        sum8(p, half_offset, row * n.cols + unit * 8, add);
 #pragma unroll
-        for (int j = 0; j < 8; ++j) v[u][j] += add[j];
+        for (int j = 0; j < 8; ++j) v[u][j] += add[u][j];
         store8(x + unit * 8, v[u]);
 #pragma unroll
-        for (int j = 0; j < 8; ++j) sum += v[u][j] * v[u][j];
+        for (int j = 0; j < 8; ++j) squares += v[u][j] * v[u][j];
       }
     }
-#pragma unroll
-    for (int o = 16; o > 0; o /= 2) sum += __shfl_xor_sync(0xFFFFFFFFu, sum, o);
-    if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = sum;
-    __syncthreads();
-    float total = 0.0f;
-    for (int w = 0; w < static_cast<int>(blockDim.x / 32); ++w) total += warp_sums[w];
-    const float inv = 1.0f / sqrtf(total / static_cast<float>(n.cols) + n.eps);
+    const float inv = 1.0f / sqrtf(block_sum_in_order(squares, warp_sums) / cols + n.eps);
     auto* out = static_cast<__nv_bfloat16*>(n.out) + row * n.cols;
 #pragma unroll
     for (int u = 0; u < kUnits; ++u) {
@@ -308,7 +341,6 @@ __global__ void __launch_bounds__(kThreads)
         store8(out + unit * 8, w);
       }
     }
-    __syncthreads();  // warp_sums read by every thread before the next row writes it
   }
   if (threadIdx.x == 0) p.epochs[b] = epoch;
 }

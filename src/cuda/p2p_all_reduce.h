@@ -78,8 +78,9 @@ struct P2pParams {
 
 // The residual add and RMSNorm after a sum (P2pAllReduce::reduce_add_rms_norm).
 struct P2pNormArgs {
-  float* residual = nullptr;     // (rows, cols) F32, += the sum
-  const void* weight = nullptr;  // (cols) BF16
+  float* residual = nullptr;          // (rows, cols) F32, += the sum (normalized with post_weight if set)
+  const void* post_weight = nullptr;  // (cols) BF16, or null
+  const void* weight = nullptr;       // (cols) BF16
   void* out = nullptr;           // (rows, cols) BF16: rms_norm(residual) · weight
   int64_t rows = 0, cols = 0;
   float eps = 0.0f;
@@ -106,10 +107,11 @@ class P2pAllReduce {
   bool fits_add_rms_norm(const Tensor& y) const;
   // residual (F32, y's shape) += the sum over ranks of y (F32 sums in rank order), then out (BF16) =
   // rms_norm(residual) · weight (BF16 (H)): the values of reduce(y, kSum) then add_rms_norm
-  // (basic_ops.h) bit for bit, in one kernel; y keeps this rank's values. The rules of reduce apply,
-  // and both kinds of call share the epochs.
-  void reduce_add_rms_norm(const Tensor& y, Tensor& residual, const Tensor& weight, float eps, Tensor& out,
-                           cudaStream_t stream) const;
+  // (basic_ops.h) bit for bit, in one kernel; y keeps this rank's values. With post_weight (BF16 (H)),
+  // residual += rms_norm(sum) · post_weight rounded to BF16, as rms_norm then add_rms_norm would. The
+  // rules of reduce apply, and both kinds of call share the epochs.
+  void reduce_add_rms_norm(const Tensor& y, Tensor& residual, const Tensor* post_weight, const Tensor& weight,
+                           float eps, Tensor& out, cudaStream_t stream) const;
 
  private:
   std::shared_ptr<P2pGroup> group_;

@@ -69,8 +69,8 @@ Tensor Model::forward(const ForwardBatch& batch, KvCache& cache) {
   // post_norm(y) with sandwich norms (its output h in the activation dtype); then h = next_norm(x), the
   // norm that follows every residual add, fused with the sum and the add where the backend can.
   const auto reduce_add_norm = [&](const Tensor& post_norm, const Tensor& next_norm) {
-    if (tp_group != nullptr && !sandwich) return ops_.all_reduce_add_rms_norm(*tp_group, y, x, next_norm, eps, h);
-    if (tp_group != nullptr) tp_group->all_reduce_sum(y);
+    if (tp_group != nullptr)
+      return ops_.all_reduce_add_rms_norm(*tp_group, y, x, sandwich ? &post_norm : nullptr, next_norm, eps, h);
     if (sandwich) {
       ops_.rms_norm(y, post_norm, eps, h);
       ops_.add_rms_norm(x, h, next_norm, eps, h);

@@ -61,10 +61,12 @@ void Ops::add_rms_norm(Tensor& x, const Tensor& y, const Tensor& weight, float e
   rms_norm(x, weight, eps, out);
 }
 
-void Ops::all_reduce_add_rms_norm(Communicator& group, Tensor& y, Tensor& x, const Tensor& weight, float eps,
-                                  Tensor& out) {
+void Ops::all_reduce_add_rms_norm(Communicator& group, Tensor& y, Tensor& x, const Tensor* post_weight,
+                                  const Tensor& weight, float eps, Tensor& out) {
   group.all_reduce_sum(y);
-  add_rms_norm(x, y, weight, eps, out);
+  if (post_weight == nullptr) return add_rms_norm(x, y, weight, eps, out);
+  rms_norm(y, *post_weight, eps, out);
+  add_rms_norm(x, out, weight, eps, out);
 }
 
 void Ops::rope_attention(Tensor& qkv, double theta, KvCacheLayer& cache, KvCacheDType cache_dtype,

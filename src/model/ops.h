@@ -108,9 +108,11 @@ class Ops {
   virtual void add_rms_norm(Tensor& x, const Tensor& y, const Tensor& weight, float eps, Tensor& out);
   // group.all_reduce_sum(y), then add_rms_norm(x, y, weight, eps, out): the tensor-parallel sum of a
   // layer's partial outputs and the residual add + RMSNorm after it, which a backend may fuse (the
-  // default runs the two). Afterwards y holds this rank's values or the sum.
-  virtual void all_reduce_add_rms_norm(Communicator& group, Tensor& y, Tensor& x, const Tensor& weight, float eps,
-                                       Tensor& out);
+  // default runs the two). With post_weight (sandwich norms), the sum is first normalized:
+  // rms_norm(y, *post_weight, eps, out), then add_rms_norm(x, out, weight, eps, out). Afterwards y holds
+  // this rank's values or the sum.
+  virtual void all_reduce_add_rms_norm(Communicator& group, Tensor& y, Tensor& x, const Tensor* post_weight,
+                                       const Tensor& weight, float eps, Tensor& out);
   // x *= factor, for F32 x (the residual stream, logits), any shape.
   virtual void scale(Tensor& x, float factor) = 0;
   // out (T, out_features) = x (T, in_features) · Wᵀ, x in the activation dtype; quantized formats

@@ -524,14 +524,12 @@ TEST(CudaTensorParallel, P2pAllReduceEqualsNcclBitwise) {
   expect_clean_ranks(errors, no_peer_access, mismatches);
 }
 
-// Captured in a CUDA graph with the copies of their inputs (sums of F32 4096 × 32, BF16 4097 and
-// F32 1, a maximum of F32 33), replayed 100 times with new inputs each time: every replay's results
-// equal the host's, bit for bit.
 // The peer-to-peer sum fused with the residual add and RMSNorm after it (NcclCommunicator::
 // all_reduce_add_rms_norm) against the sum, then add_rms_norm, on the same ranks: residual stream and
-// norm output bit for bit on both ranks. Rows 1 to 200; hidden sizes with one, two, three and four
-// 8-column units a thread, and 2880 (a partial last unit column); each fused call follows a plain sum
-// on the same communicator (the two kinds share the epochs and the staging).
+// norm output bit for bit on both ranks; and with a post-norm (sandwich norms, Grok-1) against the sum,
+// rms_norm, then add_rms_norm. Rows 1 to 200; hidden sizes with one, two, three and four 8-column units
+// a thread, and 2880 (a partial last unit column); each fused call follows a plain sum on the same
+// communicator (the two kinds share the epochs and the staging).
 TEST(CudaTensorParallel, P2pAllReduceAddRmsNormEqualsTheSteps) {
   SKIP_WITHOUT_TWO_GPUS();
   auto group = std::make_shared<cuda::NcclGroup>(2, cuda::SmallMessages::kPeerToPeer);
@@ -541,29 +539,40 @@ TEST(CudaTensorParallel, P2pAllReduceAddRmsNormEqualsTheSteps) {
                                                                cudaStream_t stream) {
     const std::vector<std::pair<int64_t, int64_t>> shapes = {{1, 4096}, {3, 6144}, {32, 4096}, {200, 1024},
                                                              {5, 2880}, {2, 7168}, {7, 512}};
-    for (const auto& [T, H] : shapes) {
-      const Tensor y_host = testing::random_f32({T, H}, 50 + static_cast<uint32_t>(r), 2.0f);  // each rank's own
-      const Tensor x_host = testing::random_f32({T, H}, 60, 4.0f);                             // the same on both
-      const Tensor weight = cuda::upload(testing::to_bf16(testing::random_f32({H}, 70, 0.5f)));
-      Tensor y_steps = cuda::upload(y_host), y_fused = cuda::upload(y_host);
-      Tensor x_steps = cuda::upload(x_host), x_fused = cuda::upload(x_host);
-      Tensor h_steps = testing::poisoned(DType::kBF16, {T, H}), h_fused = testing::poisoned(DType::kBF16, {T, H});
-      comm.all_reduce_sum(y_steps);
-      cuda::add_rms_norm(x_steps, y_steps, weight, 1e-5f, h_steps, stream);
-      const std::string what = cat("T ", T, " H ", H);
-      if (!comm.all_reduce_add_rms_norm(y_fused, x_fused, weight, 1e-5f, h_fused)) {
-        mismatches[static_cast<std::size_t>(r)].push_back("not fused: " + what);
-        continue;
+    for (const bool post : {false, true}) {
+      for (const auto& [T, H] : shapes) {
+        const Tensor y_host = testing::random_f32({T, H}, 50 + static_cast<uint32_t>(r), 2.0f);  // each rank's own
+        const Tensor x_host = testing::random_f32({T, H}, 60, 4.0f);                             // the same on both
+        const Tensor weight = cuda::upload(testing::to_bf16(testing::random_f32({H}, 70, 0.5f)));
+        const Tensor post_weight = cuda::upload(testing::to_bf16(testing::random_f32({H}, 71, 0.5f)));
+        Tensor y_steps = cuda::upload(y_host), y_fused = cuda::upload(y_host);
+        Tensor x_steps = cuda::upload(x_host), x_fused = cuda::upload(x_host);
+        Tensor h_steps = testing::poisoned(DType::kBF16, {T, H}), h_fused = testing::poisoned(DType::kBF16, {T, H});
+        comm.all_reduce_sum(y_steps);
+        if (post) {
+          cuda::rms_norm(y_steps, post_weight, 1e-5f, h_steps, stream);
+          cuda::add_rms_norm(x_steps, h_steps, weight, 1e-5f, h_steps, stream);
+        } else {
+          cuda::add_rms_norm(x_steps, y_steps, weight, 1e-5f, h_steps, stream);
+        }
+        const std::string what = cat("T ", T, " H ", H, post ? " with a post-norm" : "");
+        if (!comm.all_reduce_add_rms_norm(y_fused, x_fused, post ? &post_weight : nullptr, weight, 1e-5f, h_fused)) {
+          mismatches[static_cast<std::size_t>(r)].push_back("not fused: " + what);
+          continue;
+        }
+        if (!same_bits(cuda::download(x_steps), cuda::download(x_fused)))
+          mismatches[static_cast<std::size_t>(r)].push_back("residual: " + what);
+        if (!same_bits(cuda::download(h_steps), cuda::download(h_fused)))
+          mismatches[static_cast<std::size_t>(r)].push_back("norm: " + what);
       }
-      if (!same_bits(cuda::download(x_steps), cuda::download(x_fused)))
-        mismatches[static_cast<std::size_t>(r)].push_back("residual: " + what);
-      if (!same_bits(cuda::download(h_steps), cuda::download(h_fused)))
-        mismatches[static_cast<std::size_t>(r)].push_back("norm: " + what);
     }
   });
   expect_clean_ranks(errors, no_peer_access, mismatches);
 }
 
+// Captured in a CUDA graph with the copies of their inputs (sums of F32 4096 × 32, BF16 4097 and
+// F32 1, a maximum of F32 33), replayed 100 times with new inputs each time: every replay's results
+// equal the host's, bit for bit.
 TEST(CudaTensorParallel, P2pAllReduceReplayedInCudaGraph) {
   SKIP_WITHOUT_TWO_GPUS();
   auto group = std::make_shared<cuda::NcclGroup>(2, cuda::SmallMessages::kPeerToPeer);
