@@ -24,12 +24,11 @@ namespace {
 constexpr std::size_t kLtScratchBytes = std::size_t{32} << 20;
 
 struct ScaleArgs {
-  const float* product;  // (splits, T, N): partial products over K splits, added in order
+  const float* product;  // (T, N)
   const float* x_scale;  // (T)
   const float* w_scale;  // (N)
   void* out;             // (T, N) BF16 or F32
   int64_t tokens, n;     // N % 4 == 0; product, w_scale and out 16-byte aligned
-  int64_t splits = 1;
 };
 
 constexpr int kScaleThreads = 128;
@@ -46,8 +45,7 @@ __device__ inline void store4(__nv_bfloat16* p, const float (&v)[4]) {
   *reinterpret_cast<uint2*>(p) = u;
 }
 
-// out = product · x_scale[t] · w_scale[n] (in that order, as the CPU twin), rounded once for BF16; the
-// product is first the sum of its K splits' partial products, in split order.
+// out = product · x_scale[t] · w_scale[n] (in that order, as the CPU twin), rounded once for BF16.
 // Grid (N / 4 / kScaleThreads rounded up, up to 65535 rows): a thread takes 4 columns (16-byte
 // loads) of rows blockIdx.y, + gridDim.y, ..., with its 4 weight scales loaded once.
 template <typename Out>
@@ -59,11 +57,7 @@ __global__ void __launch_bounds__(kScaleThreads) scale_product_kernel(const __gr
   const float4 ws = *reinterpret_cast<const float4*>(p.w_scale + c);
   for (int64_t t = blockIdx.y; t < p.tokens; t += gridDim.y) {
     const float xs = p.x_scale[t];
-    float4 v = *reinterpret_cast<const float4*>(p.product + t * p.n + c);
-    for (int64_t s = 1; s < p.splits; ++s) {
-      const float4 u = *reinterpret_cast<const float4*>(p.product + (s * p.tokens + t) * p.n + c);
-      v = {v.x + u.x, v.y + u.y, v.z + u.z, v.w + u.w};
-    }
+    const float4 v = *reinterpret_cast<const float4*>(p.product + t * p.n + c);
     const float y[4] = {v.x * xs * ws.x, v.y * xs * ws.y, v.z * xs * ws.z, v.w * xs * ws.w};
     store4(static_cast<Out*>(p.out) + t * p.n + c, y);
   }
@@ -87,9 +81,11 @@ bool outer_scales() {
 // Measured on an H200 (bench/RESULTS.md, 2026-11-30, CudaOpsTwin.Fp8LinearTiming, graph-replayed µs a
 // call, gemv / cuBLASLt path): Mixtral-8x7B qkv 1 token 10.05 / 10.20, 2 tokens 15.8 / 9.9; o 6.73 /
 // 7.91, 9.83 / 7.90; Mixtral-8x7B W4A8 + FP8 KV decode at batch 1 3.86 ms a step with gemv against
-// 4.14 without. The F32 linear against the CPU came to 5.9e-8 relative L2 with mma against 1.3e-4,
-// but Mixtral-8x7B W4A8 decode at batch 32 took 11.34 ms a step against 10.78 with cuBLASLt, and with
-// mma only up to 8 tokens batch 1 took 4.20 ms against 4.02.
+// 4.14 without. The F32 linear against the CPU came to 5.9e-8 relative L2 with mma against 1.3e-4.
+// The first mma kernel (K split over the grid, partial sums added by the scaling pass) made
+// Mixtral-8x7B W4A8 decode at batch 32 slower, 11.34 ms a step against 10.78 with cuBLASLt; the
+// present one (K split over a block's warps, scales applied in the kernel: one launch after the
+// quantization where cuBLASLt takes two or three) is not yet measured.
 enum class Fp8Gemm { kAuto, kGemv, kMma, kCublasLt };
 constexpr int64_t kGemvAutoTokens = 1;
 
@@ -165,16 +161,13 @@ void linear(const Tensor& x, const Linear& w, Tensor& out, cublasHandle_t handle
     return;
   }
   quantize_rows_fp8(quantize, stream);
-  int64_t splits = 1;
-  const bool mma = gemm == Fp8Gemm::kMma;
-  if (mma) {
-    int64_t k_per_split = 0;
-    splits = fp8_mma_splits(N, K, multiprocessor_count(), &k_per_split);
-    grow(ws.product, DType::kF32, splits * T * N, ws.retired);
-    fp8_linear_mma({.x = ws.x_fp8.data<uint8_t>(), .w = w.weight.data<uint8_t>(), .partial = ws.product.data<float>(),
-                    .tokens = T, .n = N, .k = K, .splits = static_cast<int>(splits), .k_per_split = k_per_split},
-                   stream);
-  } else if (outer_scales()) {
+  if (gemm == Fp8Gemm::kMma) {
+    return fp8_linear_mma({.x = ws.x_fp8.data<uint8_t>(), .w = w.weight.data<uint8_t>(),
+                           .x_scale = ws.x_scale.data<float>(), .w_scale = w.scale.data<float>(), .out = out.raw(),
+                           .out_f32 = out.dtype() == DType::kF32, .tokens = T, .n = N, .k = K},
+                          stream);
+  }
+  if (outer_scales()) {
     auto& scaled = ws.scaled_plans[{N, T, K, out.dtype()}];
     if (!scaled)
       scaled = std::make_unique<LtFp8Gemm>(ws.lt, N, T, K, kLtScratchBytes, out.dtype(),
@@ -184,18 +177,15 @@ void linear(const Tensor& x, const Linear& w, Tensor& out, cublasHandle_t handle
                                                ws.x_scale.data<float>(), ws.lt_scratch.raw(), stream))
       return;
   }
-  if (!mma) {
-    grow(ws.product, DType::kF32, T * N, ws.retired);
-    auto& plan = ws.plans[{N, T, K}];
-    if (!plan) plan = std::make_unique<LtFp8Gemm>(ws.lt, N, T, K, kLtScratchBytes, DType::kF32);
-    plan->run(w.weight.raw(), ws.x_fp8.raw(), ws.product.raw(), 1.0f, ws.lt_scratch.raw(), stream);
-  }
+  grow(ws.product, DType::kF32, T * N, ws.retired);
+  auto& plan = ws.plans[{N, T, K}];
+  if (!plan) plan = std::make_unique<LtFp8Gemm>(ws.lt, N, T, K, kLtScratchBytes, DType::kF32);
+  plan->run(w.weight.raw(), ws.x_fp8.raw(), ws.product.raw(), 1.0f, ws.lt_scratch.raw(), stream);
   const auto aligned16 = [](const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; };
   check(aligned16(out.raw()) && aligned16(w.scale.raw()),
         "CUDA FP8 linear: the output or the weight scales are not 16-byte aligned");
   const ScaleArgs scale{.product = ws.product.data<float>(), .x_scale = ws.x_scale.data<float>(),
-                        .w_scale = w.scale.data<float>(), .out = out.raw(), .tokens = T, .n = N,
-                        .splits = splits};
+                        .w_scale = w.scale.data<float>(), .out = out.raw(), .tokens = T, .n = N};
   const dim3 grid(static_cast<unsigned>((N / 4 + kScaleThreads - 1) / kScaleThreads),
                   static_cast<unsigned>(std::min<int64_t>(T, 65535)));
   if (out.dtype() == DType::kF32)
