@@ -78,45 +78,6 @@ __device__ inline void append_new_kv(const DecodeArgs& a, int s, int kh, const f
   }
 }
 
-// One warp's 32-key tile of K and V as the MMAs read them (decode_kernel). K: n-tile c's key 8c + g,
-// dims [32t, 32t + 32) in 16-byte words. V: k-step u's keys 16u + 2t, +1, +8, +9, dims 32b + 4g .. + 3.
-template <bool kFp8>
-struct DecodeTile {
-  static constexpr int kElemBytes = kFp8 ? 1 : 2;
-  static constexpr int kKVecs = 2 * kElemBytes;
-  using VWord = std::conditional_t<kFp8, uint32_t, uint2>;
-  uint4 k[4][kKVecs];
-  VWord v[2][4][4];
-};
-
-// Loads the tile whose key i lane i holds the slot of (-1: none, its values zero; a whole warp of -1
-// reads nothing).
-template <bool kFp8>
-__device__ inline void load_tile(const uint8_t* k_base, const uint8_t* v_base, int64_t kv_width, int64_t slot,
-                                 int lane, DecodeTile<kFp8>& tile) {
-  using Tile = DecodeTile<kFp8>;
-  constexpr int kElemBytes = Tile::kElemBytes;
-  const int g = lane / 4, t = lane % 4;
-#pragma unroll
-  for (int c = 0; c < 4; ++c) {
-    const int64_t ks = __shfl_sync(0xFFFFFFFFu, slot, 8 * c + g);
-    const auto* row = reinterpret_cast<const uint4*>(k_base + (ks * kv_width + 32 * t) * kElemBytes);
-#pragma unroll
-    for (int v = 0; v < Tile::kKVecs; ++v) tile.k[c][v] = ks >= 0 ? row[v] : make_uint4(0, 0, 0, 0);
-  }
-#pragma unroll
-  for (int u = 0; u < 2; ++u)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int64_t vs = __shfl_sync(0xFFFFFFFFu, slot, 16 * u + 2 * t + (e & 1) + 8 * (e >> 1));
-#pragma unroll
-      for (int b = 0; b < 4; ++b)
-        tile.v[u][e][b] = vs >= 0 ? *reinterpret_cast<const typename Tile::VWord*>(
-                                        v_base + (vs * kv_width + 32 * b + 4 * g) * kElemBytes)
-                                  : typename Tile::VWord{};
-    }
-}
-
 // Tensor-core decode attention. Each warp walks its own 32-key tiles of the block's slice with its own
 // online softmax; the block's four warps merge at the end. Per tile: S (16 × 32) = Q (16 × 128: the
 // group's heads in rows 0..G-1, the rest zero) · Kᵀ, then Oᵀ (128 × 16) += Vᵀ (128 × 32) · Pᵀ, so that
@@ -194,33 +155,32 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
   float acc[8][4] = {};          // Oᵀ m-tile i: dims of rows g and g + 8, heads 2t and 2t + 1
   const int32_t* table = a.block_tables + s * a.max_blocks;
 
-  // Each warp's tiles stream through registers one tile ahead of the math (FP8), their slots two ahead:
-  // a tile's loads are in flight while the warp computes the tile before, and no load waits on a
-  // block-table lookup (the loop that loaded a tile and then used it waited on both in turn:
-  // fifteenth session).
-  constexpr int kStride = kWarps * kWarpKeys;
-  const auto slot_of = [&](int tile) -> int64_t {  // lane i: the slot of the tile's key i, or -1
-    const int key = tile + lane;
-    return key < end ? int64_t{table[key / a.block_size]} * a.block_size + key % a.block_size : -1;
-  };
-  // BF16's tile is twice the registers (it would spill): only its slots go ahead.
-  constexpr bool kTileAhead = kFp8;
-  DecodeTile<kFp8> cur, next;
-  int tile = begin + warp * kWarpKeys;
-  int64_t slot = slot_of(tile), next_slot = slot_of(tile + kStride);
-  if constexpr (kTileAhead) load_tile<kFp8>(k_base, v_base, kv_width, slot, lane, cur);
-  for (; tile < end; tile += kStride) {
-    if constexpr (kTileAhead) {
-      load_tile<kFp8>(k_base, v_base, kv_width, next_slot, lane, next);
-    } else {
-      load_tile<kFp8>(k_base, v_base, kv_width, slot, lane, cur);
-      slot = next_slot;
+  for (int tile = begin + warp * kWarpKeys; tile < end; tile += kWarps * kWarpKeys) {
+    const int key = tile + lane;  // lane i finds the slot of the tile's key i
+    const int64_t slot = key < end ? int64_t{table[key / a.block_size]} * a.block_size + key % a.block_size : -1;
+    // K: n-tile c's key 8c + g, dims [32t, 32t + 32).
+    constexpr int kKVecs = 2 * kElemBytes;  // 16-byte loads
+    uint4 k_raw[4][kKVecs];
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      const int64_t ks = __shfl_sync(0xFFFFFFFFu, slot, 8 * c + g);
+      const auto* row = reinterpret_cast<const uint4*>(k_base + (ks * kv_width + 32 * t) * kElemBytes);
+#pragma unroll
+      for (int v = 0; v < kKVecs; ++v) k_raw[c][v] = ks >= 0 ? row[v] : make_uint4(0, 0, 0, 0);
     }
-    next_slot = slot_of(tile + 2 * kStride);
-    const auto& k_raw = cur.k;
-    const auto& v_raw = cur.v;
-    using VWord = typename DecodeTile<kFp8>::VWord;
-    constexpr int kKVecs = DecodeTile<kFp8>::kKVecs;
+    // V: k-step u's keys 16u + 2t, +1, +8, +9; dims 32b + 4g .. + 3 of each.
+    using VWord = std::conditional_t<kFp8, uint32_t, uint2>;
+    VWord v_raw[2][4][4];
+#pragma unroll
+    for (int u = 0; u < 2; ++u)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int64_t vs = __shfl_sync(0xFFFFFFFFu, slot, 16 * u + 2 * t + (e & 1) + 8 * (e >> 1));
+#pragma unroll
+        for (int b = 0; b < 4; ++b)
+          v_raw[u][e][b] = vs >= 0 ? *reinterpret_cast<const VWord*>(v_base + (vs * kv_width + 32 * b + 4 * g) * kElemBytes)
+                                   : VWord{};
+      }
 
     // S = Q · Kᵀ: sc[c] = {head g: keys 8c + 2t, +1}, {rows g + 8: unused}.
     float sc[4][4] = {};
@@ -301,7 +261,6 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
         }
       }
     }
-    if constexpr (kTileAhead) cur = next;
   }
 
   // Merge the four warps' slices of this block's keys and write the block's slice.
