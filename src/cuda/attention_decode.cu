@@ -17,7 +17,6 @@
 #include "cuda/attention_mma.cuh"
 #include "cuda/cuda_check.h"
 #include "cuda/device.h"
-#include "cuda/kernel_attributes.h"
 #include "cuda/kv_store.cuh"
 #include "cuda/launch.h"
 #include "cuda/ptx.cuh"
@@ -79,85 +78,6 @@ __device__ inline void append_new_kv(const DecodeArgs& a, int s, int kh, const f
   }
 }
 
-// One warp's 32-key tile of K and V in registers, as the MMAs read them (decode_kernel). K: n-tile c's
-// key 8c + g, dims [32t, 32t + 32) in 16-byte words. V: k-step u's keys 16u + 2t, +1, +8, +9, dims
-// 32b + 4g .. + 3 of each.
-template <bool kFp8>
-struct DecodeTile {
-  static constexpr int kElemBytes = kFp8 ? 1 : 2;
-  static constexpr int kKVecs = 2 * kElemBytes;
-  using VWord = std::conditional_t<kFp8, uint32_t, uint2>;
-  uint4 k[4][kKVecs];
-  VWord v[2][4][4];
-};
-
-// The tile from the caches straight into registers (BF16): lane i holds the slot of the tile's key i
-// (-1: none, its values zero).
-template <bool kFp8>
-__device__ inline void load_tile(const uint8_t* k_base, const uint8_t* v_base, int64_t kv_width, int64_t slot,
-                                 int lane, DecodeTile<kFp8>& tile) {
-  using Tile = DecodeTile<kFp8>;
-  const int g = lane / 4, t = lane % 4;
-#pragma unroll
-  for (int c = 0; c < 4; ++c) {
-    const int64_t ks = __shfl_sync(0xFFFFFFFFu, slot, 8 * c + g);
-    const auto* row = reinterpret_cast<const uint4*>(k_base + (ks * kv_width + 32 * t) * Tile::kElemBytes);
-#pragma unroll
-    for (int v = 0; v < Tile::kKVecs; ++v) tile.k[c][v] = ks >= 0 ? row[v] : make_uint4(0, 0, 0, 0);
-  }
-#pragma unroll
-  for (int u = 0; u < 2; ++u)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int64_t vs = __shfl_sync(0xFFFFFFFFu, slot, 16 * u + 2 * t + (e & 1) + 8 * (e >> 1));
-#pragma unroll
-      for (int b = 0; b < 4; ++b)
-        tile.v[u][e][b] = vs >= 0 ? *reinterpret_cast<const typename Tile::VWord*>(
-                                        v_base + (vs * kv_width + 32 * b + 4 * g) * Tile::kElemBytes)
-                                  : typename Tile::VWord{};
-    }
-}
-
-// FP8: a warp's tiles pass through kStages tiles of its own shared memory, copied asynchronously
-// (cp.async) a tile ahead of the math, so that registers do not bound the bytes in flight (holding the
-// next tile in registers cost a block an SM and was slower: fifteenth session). A tile is K then V,
-// each key's 128 bytes as eight 16-byte chunks, chunk j stored at j ^ (key % 8): the fragment reads
-// of read_tile then touch 32 distinct banks.
-constexpr int kStages = 2;
-constexpr int kTileBytes = 2 * kWarpKeys * kHeadDim;
-
-__device__ inline void fetch_tile(uint8_t* stage, const uint8_t* k_base, const uint8_t* v_base, int64_t kv_width,
-                                  int64_t slot, int lane) {
-  const int chunk = lane % 8;
-#pragma unroll
-  for (int i = 0; i < kWarpKeys / 4; ++i) {
-    const int key = 4 * i + lane / 8;
-    const int64_t ks = __shfl_sync(0xFFFFFFFFu, slot, key);
-    const int64_t from = (ks >= 0 ? ks : 0) * kv_width + 16 * chunk;
-    const int at = key * kHeadDim + 16 * (chunk ^ (key % 8));
-    ptx::cp_async_16(stage + at, k_base + from, ks >= 0);
-    ptx::cp_async_16(stage + kWarpKeys * kHeadDim + at, v_base + from, ks >= 0);
-  }
-}
-
-// Word v of n-tile c's K and word b of k-step u's V key e (DecodeTile's layout) from a stage.
-__device__ inline uint4 stage_k(const uint8_t* stage, int lane, int c, int v) {
-  const int g = lane / 4, t = lane % 4;
-  return *reinterpret_cast<const uint4*>(stage + (8 * c + g) * kHeadDim + 16 * ((2 * t + v) ^ g));
-}
-__device__ inline uint32_t stage_v(const uint8_t* stage, int lane, int u, int e, int b) {
-  const int g = lane / 4, t = lane % 4, key = 16 * u + 2 * t + (e & 1) + 8 * (e >> 1);
-  return *reinterpret_cast<const uint32_t*>(stage + kWarpKeys * kHeadDim + key * kHeadDim +
-                                            16 * ((2 * b + g / 4) ^ (key % 8)) + 4 * (g % 4));
-}
-
-// Each warp's region of decode_kernel's dynamic shared memory: its tiles in flight (FP8), then its
-// slice of the output, unnormalized, for the block's merge.
-template <bool kFp8>
-constexpr int kWarpSmem = std::max(kFp8 ? kStages * kTileBytes : 0, kMaxGroup * kHeadDim * 4);
-template <bool kFp8>
-constexpr int kDecodeSmem = kWarps * kWarpSmem<kFp8>;
-
 // Tensor-core decode attention. Each warp walks its own 32-key tiles of the block's slice with its own
 // online softmax; the block's four warps merge at the end. Per tile: S (16 × 32) = Q (16 × 128: the
 // group's heads in rows 0..G-1, the rest zero) · Kᵀ, then Oᵀ (128 × 16) += Vᵀ (128 × 32) · Pᵀ, so that
@@ -171,10 +91,10 @@ constexpr int kDecodeSmem = kWarps * kWarpSmem<kFp8>;
 // arrive merging every slice, measured 25.1 µs a call at batch 1 against 15.7 with merge_kernel:
 // fourteenth session.)
 template <bool kFp8, bool kClusterMerge>
-__global__ void __launch_bounds__(kThreads, kFp8 ? 3 : 1) decode_kernel(const __grid_constant__ DecodeArgs a) {
+__global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant__ DecodeArgs a) {
   constexpr int kElemBytes = kFp8 ? 1 : 2;
-  extern __shared__ __align__(128) uint8_t warp_smem[];  // kDecodeSmem<kFp8>: kWarpSmem<kFp8> a warp
   __shared__ float m_w[kWarps][kMaxGroup], l_w[kWarps][kMaxGroup];
+  __shared__ float acc_w[kWarps][kMaxGroup][kHeadDim];
   __shared__ float slice_acc[kClusterMerge ? kMaxGroup : 1][kHeadDim];  // this block's slice, merged
   __shared__ float slice_m[kMaxGroup], slice_l[kMaxGroup];
   __shared__ float rope_sin[kHeadDim / 2], rope_cos[kHeadDim / 2];
@@ -235,43 +155,32 @@ __global__ void __launch_bounds__(kThreads, kFp8 ? 3 : 1) decode_kernel(const __
   float acc[8][4] = {};          // Oᵀ m-tile i: dims of rows g and g + 8, heads 2t and 2t + 1
   const int32_t* table = a.block_tables + s * a.max_blocks;
 
-  // Each warp's tiles: their block-table slots two tiles ahead of the math, FP8 tiles copied one ahead.
-  constexpr int kStride = kWarps * kWarpKeys;
-  const auto slot_of = [&](int tile) -> int64_t {  // lane i: the slot of the tile's key i, or -1
-    const int key = tile + lane;
-    return key < end ? int64_t{table[key / a.block_size]} * a.block_size + key % a.block_size : -1;
-  };
-  uint8_t* const own = warp_smem + warp * kWarpSmem<kFp8>;
-  int tile = begin + warp * kWarpKeys;
-  int64_t slot = slot_of(tile), next_slot = slot_of(tile + kStride);
-  if constexpr (kFp8) {
-    fetch_tile(own, k_base, v_base, kv_width, slot, lane);
-    ptx::cp_async_commit();
-  }
-  for (int n = 0; tile < end; tile += kStride, ++n) {
-    using VWord = typename DecodeTile<kFp8>::VWord;
-    constexpr int kKVecs = DecodeTile<kFp8>::kKVecs;
-    [[maybe_unused]] DecodeTile<kFp8> cur;
-    const uint8_t* const stage = own + n % kStages * kTileBytes;
-    if constexpr (kFp8) {
-      fetch_tile(own + (n + 1) % kStages * kTileBytes, k_base, v_base, kv_width, next_slot, lane);
-      ptx::cp_async_commit();
-      ptx::cp_async_wait<1>();
-      __syncwarp();
-    } else {
-      load_tile<kFp8>(k_base, v_base, kv_width, slot, lane, cur);
-      slot = next_slot;
+  for (int tile = begin + warp * kWarpKeys; tile < end; tile += kWarps * kWarpKeys) {
+    const int key = tile + lane;  // lane i finds the slot of the tile's key i
+    const int64_t slot = key < end ? int64_t{table[key / a.block_size]} * a.block_size + key % a.block_size : -1;
+    // K: n-tile c's key 8c + g, dims [32t, 32t + 32).
+    constexpr int kKVecs = 2 * kElemBytes;  // 16-byte loads
+    uint4 k_raw[4][kKVecs];
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      const int64_t ks = __shfl_sync(0xFFFFFFFFu, slot, 8 * c + g);
+      const auto* row = reinterpret_cast<const uint4*>(k_base + (ks * kv_width + 32 * t) * kElemBytes);
+#pragma unroll
+      for (int v = 0; v < kKVecs; ++v) k_raw[c][v] = ks >= 0 ? row[v] : make_uint4(0, 0, 0, 0);
     }
-    next_slot = slot_of(tile + 2 * kStride);
-    // FP8 reads its words from the stage where the math needs them (fewer registers live).
-    const auto k_word = [&](int c, int v) -> uint4 {
-      if constexpr (kFp8) return stage_k(stage, lane, c, v);
-      else return cur.k[c][v];
-    };
-    const auto v_word = [&](int u, int e, int b) -> VWord {
-      if constexpr (kFp8) return stage_v(stage, lane, u, e, b);
-      else return cur.v[u][e][b];
-    };
+    // V: k-step u's keys 16u + 2t, +1, +8, +9; dims 32b + 4g .. + 3 of each.
+    using VWord = std::conditional_t<kFp8, uint32_t, uint2>;
+    VWord v_raw[2][4][4];
+#pragma unroll
+    for (int u = 0; u < 2; ++u)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int64_t vs = __shfl_sync(0xFFFFFFFFu, slot, 16 * u + 2 * t + (e & 1) + 8 * (e >> 1));
+#pragma unroll
+        for (int b = 0; b < 4; ++b)
+          v_raw[u][e][b] = vs >= 0 ? *reinterpret_cast<const VWord*>(v_base + (vs * kv_width + 32 * b + 4 * g) * kElemBytes)
+                                   : VWord{};
+      }
 
     // S = Q · Kᵀ: sc[c] = {head g: keys 8c + 2t, +1}, {rows g + 8: unused}.
     float sc[4][4] = {};
@@ -280,8 +189,8 @@ __global__ void __launch_bounds__(kThreads, kFp8 ? 3 : 1) decode_kernel(const __
       uint32_t kw[16];
 #pragma unroll
       for (int v = 0; v < kKVecs; ++v) {
-        const uint4 word = k_word(c, v);
-        kw[4 * v] = word.x, kw[4 * v + 1] = word.y, kw[4 * v + 2] = word.z, kw[4 * v + 3] = word.w;
+        kw[4 * v] = k_raw[c][v].x, kw[4 * v + 1] = k_raw[c][v].y, kw[4 * v + 2] = k_raw[c][v].z;
+        kw[4 * v + 3] = k_raw[c][v].w;
       }
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
@@ -335,7 +244,7 @@ __global__ void __launch_bounds__(kThreads, kFp8 ? 3 : 1) decode_kernel(const __
         uint32_t pairs[2][4];
 #pragma unroll
         for (int e2 = 0; e2 < 2; ++e2) {
-          const VWord w0 = v_word(u, 2 * e2, b), w1 = v_word(u, 2 * e2 + 1, b);
+          const VWord w0 = v_raw[u][2 * e2][b], w1 = v_raw[u][2 * e2 + 1][b];
           if constexpr (kFp8) {
             const uint32_t d01 = __byte_perm(w0, w1, 0x5140), d23 = __byte_perm(w0, w1, 0x7362);
             pairs[e2][0] = fp8x2_to_f16x2(d01), pairs[e2][1] = fp8x2_to_f16x2(d01 >> 16);
@@ -352,25 +261,18 @@ __global__ void __launch_bounds__(kThreads, kFp8 ? 3 : 1) decode_kernel(const __
         }
       }
     }
-    if constexpr (kFp8) __syncwarp();  // every lane's reads of the stage done before it is copied into again
   }
 
   // Merge the four warps' slices of this block's keys and write the block's slice.
-  if constexpr (kFp8) ptx::cp_async_wait<0>();  // the last (empty) copy landed before its space is reused
-  __syncwarp();
   if (t == 0 && g < G) m_w[warp][g] = m, l_w[warp][g] = l;
-  auto* const own_acc = reinterpret_cast<float(*)[kHeadDim]>(own);
 #pragma unroll
   for (int i = 0; i < 8; ++i)
 #pragma unroll
     for (int r = 0; r < 4; ++r) {
       const int head = 2 * t + (r & 1), dim = 32 * (i / 2) + 4 * g + 2 * (i % 2) + (r >> 1);
-      if (head < G) own_acc[head][dim] = acc[i][r];
+      if (head < G) acc_w[warp][head][dim] = acc[i][r];
     }
   __syncthreads();
-  const auto acc_w = [&](int w, int h, int d) {
-    return reinterpret_cast<const float*>(warp_smem + w * kWarpSmem<kFp8>)[h * kHeadDim + d];
-  };
   for (int i = threadIdx.x; i < G * kHeadDim; i += kThreads) {
     const int h = i / kHeadDim, d = i % kHeadDim;
     float mm = -FLT_MAX;
@@ -380,7 +282,7 @@ __global__ void __launch_bounds__(kThreads, kFp8 ? 3 : 1) decode_kernel(const __
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) {
       const float f = __expf(m_w[w][h] - mm);
-      num += f * acc_w(w, h, d);
+      num += f * acc_w[w][h][d];
       den += f * l_w[w][h];
     }
     if constexpr (kClusterMerge) {
@@ -471,14 +373,6 @@ std::optional<Merge> merge_setting() {  // none: by the rule of decode_grid
   return setting;
 }
 
-// decode_kernel<kFp8, kClusterMerge>, its dynamic shared memory allowed on the current device.
-template <bool kFp8, bool kClusterMerge>
-auto* decode_kernel_ready() {
-  auto* kernel = decode_kernel<kFp8, kClusterMerge>;
-  allow_dynamic_smem(reinterpret_cast<const void*>(kernel), kDecodeSmem<kFp8>);
-  return kernel;
-}
-
 // The most slices a cluster of decode_kernel<kFp8, true> takes on this device: 16 (a non-portable
 // cluster size) where the device can hold such a cluster, else 8.
 template <bool kFp8>
@@ -490,12 +384,11 @@ int max_cluster_slices() {
   std::lock_guard lock(mutex);
   auto [it, fresh] = by_device.try_emplace(device, 8);
   if (fresh) {
-    auto* kernel = decode_kernel_ready<kFp8, true>();
+    auto* kernel = decode_kernel<kFp8, true>;
     cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
     cudaLaunchConfig_t config{};
     config.gridDim = dim3(16, 1, 1);
     config.blockDim = dim3(kThreads, 1, 1);
-    config.dynamicSmemBytes = kDecodeSmem<kFp8>;
     cudaLaunchAttribute cluster = cluster_shape(16);
     config.attrs = &cluster;
     config.numAttrs = 1;
@@ -530,12 +423,8 @@ int64_t decode_waves() {
 
 DecodeGrid decode_grid(const ForwardBatch& batch, const AttentionParams& params, bool fp8) {
   int per_sm = 0;
-  if (fp8)
-    cuda_check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, decode_kernel_ready<true, false>(), kThreads,
-                                                             kDecodeSmem<true>));
-  else
-    cuda_check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, decode_kernel_ready<false, false>(), kThreads,
-                                                             kDecodeSmem<false>));
+  cuda_check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+      &per_sm, fp8 ? decode_kernel<true, false> : decode_kernel<false, false>, kThreads, 0));
   const int64_t slots = int64_t{std::max(per_sm, 1)} * multiprocessor_count();
   const int64_t pairs = batch.num_seqs * params.num_kv_heads, aim = decode_waves() * slots;
   int splits = static_cast<int>(std::clamp<int64_t>((aim + pairs - 1) / pairs, 1, kMaxSplits));
@@ -596,17 +485,15 @@ void attention_decode(const Tensor& qkv, KvCacheLayer& cache, KvCacheDType cache
   if (cluster) {
     const unsigned shape = static_cast<unsigned>(splits);
     if (fp8)
-      launch_kernel_with({cluster_shape(shape)}, decode_kernel_ready<true, true>(), grid, kThreads, kDecodeSmem<true>,
-                         stream, a);
+      launch_kernel_with({cluster_shape(shape)}, decode_kernel<true, true>, grid, kThreads, 0, stream, a);
     else
-      launch_kernel_with({cluster_shape(shape)}, decode_kernel_ready<false, true>(), grid, kThreads,
-                         kDecodeSmem<false>, stream, a);
+      launch_kernel_with({cluster_shape(shape)}, decode_kernel<false, true>, grid, kThreads, 0, stream, a);
     return cuda_check(cudaGetLastError());
   }
   if (fp8)
-    launch_kernel(decode_kernel_ready<true, false>(), grid, kThreads, kDecodeSmem<true>, stream, a);
+    launch_kernel(decode_kernel<true, false>, grid, kThreads, 0, stream, a);
   else
-    launch_kernel(decode_kernel_ready<false, false>(), grid, kThreads, kDecodeSmem<false>, stream, a);
+    launch_kernel(decode_kernel<false, false>, grid, kThreads, 0, stream, a);
   cuda_check(cudaGetLastError());
   launch_kernel(merge_kernel, dim3(static_cast<unsigned>(S), static_cast<unsigned>(Hq)), kHeadDim, 0, stream, a);
   cuda_check(cudaGetLastError());
