@@ -85,7 +85,10 @@ bool outer_scales() {
 // The first mma kernel (K split over the grid, partial sums added by the scaling pass) made
 // Mixtral-8x7B W4A8 decode at batch 32 slower, 11.34 ms a step against 10.78 with cuBLASLt; the
 // present one (K split over a block's warps, scales applied in the kernel: one launch after the
-// quantization where cuBLASLt takes two or three) is not yet measured.
+// quantization where cuBLASLt takes two or three) is slower too (fifteenth session): Grok-1 tp 2
+// batch 32 29.48 ms a step against 29.18, Mixtral-8x7B tp 2 6.58 against 6.42; graph-replayed,
+// Grok-1 tp 2 rank qkv at 32 tokens 14.9 µs against 11.8 (at one token 12.6 against 11.3 and gemv's
+// 8.9). It stays for its exact fp32 sums (the tp equivalence figures of test_cuda_tp.cc).
 enum class Fp8Gemm { kAuto, kGemv, kMma, kCublasLt };
 constexpr int64_t kGemvAutoTokens = 1;
 
