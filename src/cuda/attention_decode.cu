@@ -83,10 +83,8 @@ __device__ inline void append_new_kv(const DecodeArgs& a, int s, int kh, const f
 // group's heads in rows 0..G-1, the rest zero) · Kᵀ, then Oᵀ (128 × 16) += Vᵀ (128 × 32) · Pᵀ, so that
 // P leaves the first MMA in the register layout the second one reads. Both MMAs take K positions in an
 // order of our choosing: thread (g = lane / 4, t = lane % 4) loads dims [32t, 32t + 32) of its key for
-// Q·Kᵀ (k-step j: dims 32t + 4j .. + 3) and, for Vᵀ, dims [16g, 16g + 16) of four keys (one 16-byte
-// load a key for FP8, where 4-byte loads took four times the instructions); Oᵀ's row r of m-tile i is
-// dim 16·(r % 8) + 2i + r / 8. Keys past the slice's end read the slice's last key (no predicated
-// loads): their scores are masked to -inf, so their probabilities are zero.
+// Q·Kᵀ (k-step j: dims 32t + 4j .. + 3) and, for Vᵀ, dims 32b + 4g .. + 3 of four keys; Oᵀ's row r of
+// m-tile i is dim 32·(i / 2) + 4·(r % 8) + 2·(i % 2) + r / 8.
 // kClusterMerge: the grid's x (the slices) is one thread-block cluster, whose blocks merge their slices
 // through distributed shared memory and write the output, where otherwise each writes its slice to
 // part_acc and part_ml for merge_kernel. (A third way, each block counting itself in and the last to
@@ -158,8 +156,8 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
   const int32_t* table = a.block_tables + s * a.max_blocks;
 
   for (int tile = begin + warp * kWarpKeys; tile < end; tile += kWarps * kWarpKeys) {
-    const int key = min(tile + lane, end - 1);  // lane i finds the slot of the tile's key i
-    const int64_t slot = int64_t{table[key / a.block_size]} * a.block_size + key % a.block_size;
+    const int key = tile + lane;  // lane i finds the slot of the tile's key i
+    const int64_t slot = key < end ? int64_t{table[key / a.block_size]} * a.block_size + key % a.block_size : -1;
     // K: n-tile c's key 8c + g, dims [32t, 32t + 32).
     constexpr int kKVecs = 2 * kElemBytes;  // 16-byte loads
     uint4 k_raw[4][kKVecs];
@@ -168,18 +166,20 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
       const int64_t ks = __shfl_sync(0xFFFFFFFFu, slot, 8 * c + g);
       const auto* row = reinterpret_cast<const uint4*>(k_base + (ks * kv_width + 32 * t) * kElemBytes);
 #pragma unroll
-      for (int v = 0; v < kKVecs; ++v) k_raw[c][v] = row[v];
+      for (int v = 0; v < kKVecs; ++v) k_raw[c][v] = ks >= 0 ? row[v] : make_uint4(0, 0, 0, 0);
     }
-    // V: k-step u's keys 16u + 2t, +1, +8, +9; dims [16g, 16g + 16) of each, in 16-byte words.
-    uint4 v_raw[2][4][kElemBytes];
+    // V: k-step u's keys 16u + 2t, +1, +8, +9; dims 32b + 4g .. + 3 of each.
+    using VWord = std::conditional_t<kFp8, uint32_t, uint2>;
+    VWord v_raw[2][4][4];
 #pragma unroll
     for (int u = 0; u < 2; ++u)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int64_t vs = __shfl_sync(0xFFFFFFFFu, slot, 16 * u + 2 * t + (e & 1) + 8 * (e >> 1));
-        const auto* row = reinterpret_cast<const uint4*>(v_base + (vs * kv_width + 16 * g) * kElemBytes);
 #pragma unroll
-        for (int v = 0; v < kElemBytes; ++v) v_raw[u][e][v] = row[v];
+        for (int b = 0; b < 4; ++b)
+          v_raw[u][e][b] = vs >= 0 ? *reinterpret_cast<const VWord*>(v_base + (vs * kv_width + 32 * b + 4 * g) * kElemBytes)
+                                   : VWord{};
       }
 
     // S = Q · Kᵀ: sc[c] = {head g: keys 8c + 2t, +1}, {rows g + 8: unused}.
@@ -238,26 +238,27 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
 #pragma unroll
     for (int u = 0; u < 2; ++u) {
       const uint32_t pb[2] = {pack2<kFp8>(sc[2 * u][0], sc[2 * u][1]), pack2<kFp8>(sc[2 * u + 1][0], sc[2 * u + 1][1])};
-      // Word w of key e's dims: FP8 dims 4w .. 4w + 3, BF16 dims 2w, 2w + 1.
-      const auto word = [&](int e, int w) {
-        const uint4& q = v_raw[u][e][w / 4];
-        return w % 4 == 0 ? q.x : w % 4 == 1 ? q.y : w % 4 == 2 ? q.z : q.w;
-      };
 #pragma unroll
-      for (int i = 0; i < 8; ++i) {  // m-tile i: rows g and g + 8 are dims 16g + 2i and 16g + 2i + 1
-        uint32_t af[4];                // {row g, row g + 8} × keys (2t, 2t + 1), then keys (2t + 8, 2t + 9)
+      for (int b = 0; b < 4; ++b) {
+        // pairs[e2][d]: dim 32b + 4g + d of keys (2t, 2t + 1) for e2 = 0, (2t + 8, 2t + 9) for e2 = 1.
+        uint32_t pairs[2][4];
 #pragma unroll
         for (int e2 = 0; e2 < 2; ++e2) {
+          const VWord w0 = v_raw[u][2 * e2][b], w1 = v_raw[u][2 * e2 + 1][b];
           if constexpr (kFp8) {
-            // Bytes 2i, 2i + 1 of the two keys, interleaved: (k0 dim 2i, k1 dim 2i, k0 dim 2i+1, k1 dim 2i+1).
-            const uint32_t d = __byte_perm(word(2 * e2, i / 2), word(2 * e2 + 1, i / 2), i % 2 == 0 ? 0x5140 : 0x7362);
-            af[2 * e2] = fp8x2_to_f16x2(d), af[2 * e2 + 1] = fp8x2_to_f16x2(d >> 16);
+            const uint32_t d01 = __byte_perm(w0, w1, 0x5140), d23 = __byte_perm(w0, w1, 0x7362);
+            pairs[e2][0] = fp8x2_to_f16x2(d01), pairs[e2][1] = fp8x2_to_f16x2(d01 >> 16);
+            pairs[e2][2] = fp8x2_to_f16x2(d23), pairs[e2][3] = fp8x2_to_f16x2(d23 >> 16);
           } else {
-            const uint32_t w0 = word(2 * e2, i), w1 = word(2 * e2 + 1, i);
-            af[2 * e2] = __byte_perm(w0, w1, 0x5410), af[2 * e2 + 1] = __byte_perm(w0, w1, 0x7632);
+            pairs[e2][0] = __byte_perm(w0.x, w1.x, 0x5410), pairs[e2][1] = __byte_perm(w0.x, w1.x, 0x7632);
+            pairs[e2][2] = __byte_perm(w0.y, w1.y, 0x5410), pairs[e2][3] = __byte_perm(w0.y, w1.y, 0x7632);
           }
         }
-        mma<kFp8>(acc[i], af, pb);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {  // m-tile 2b + h: rows g and g + 8 are dims 2h and 2h + 1
+          const uint32_t af[4] = {pairs[0][2 * h], pairs[0][2 * h + 1], pairs[1][2 * h], pairs[1][2 * h + 1]};
+          mma<kFp8>(acc[2 * b + h], af, pb);
+        }
       }
     }
   }
@@ -268,7 +269,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
   for (int i = 0; i < 8; ++i)
 #pragma unroll
     for (int r = 0; r < 4; ++r) {
-      const int head = 2 * t + (r & 1), dim = 16 * g + 2 * i + (r >> 1);
+      const int head = 2 * t + (r & 1), dim = 32 * (i / 2) + 4 * g + 2 * (i % 2) + (r >> 1);
       if (head < G) acc_w[warp][head][dim] = acc[i][r];
     }
   __syncthreads();
