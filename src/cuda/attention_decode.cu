@@ -90,6 +90,13 @@ __device__ inline void append_new_kv(const DecodeArgs& a, int s, int kh, const f
 // part_acc and part_ml for merge_kernel. (A third way, each block counting itself in and the last to
 // arrive merging every slice, measured 25.1 µs a call at batch 1 against 15.7 with merge_kernel:
 // fourteenth session.)
+// Nsight Compute at Mixtral-8x7B batch 32 (fifteenth session): 159 registers hold an SM to 3 blocks (12
+// warps), each warp waits 7.8 cycles an instruction, 3.4 of them on global loads; the kernel reads at
+// 43% of DRAM bandwidth. Measured and not kept (CudaOpsTwin.DecodeAttentionTiming, µs at Mixtral b32 /
+// Grok-1 tp 2 rank b32, against 40.3 / 31.8): the next tile in registers while the math runs (245
+// registers, 2 blocks an SM) 47.3 / 38.8; FP8 tiles through each warp's shared memory by cp.async a
+// tile ahead, the block-table slots two ahead, 38.2 / 32.8; the slots two ahead alone 41.3 / 32.0; V
+// as one 16-byte load a key (a quarter of the load instructions) and no predicated loads 40.3 / 34.7.
 template <bool kFp8, bool kClusterMerge>
 __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant__ DecodeArgs a) {
   constexpr int kElemBytes = kFp8 ? 1 : 2;
