@@ -58,9 +58,35 @@ struct DecodeArgs {
   void* k_store;                 // the caches, where the new key and value go
   void* v_store;
   float k_store_scale, v_store_scale;  // FP8: code = value / scale
+  bool l2_prefetch;  // decode_kernel asks L2 for its slice before the grid dependency wait
 };
 
 static_assert(kThreads == kHeadDim, "the KV append takes an element of v a thread");
+
+// The keys of a slice: a multiple of chunk_align, the same for every slice of the sequence.
+__device__ inline int slice_keys(const DecodeArgs& a, int len) {
+  return ((len + a.splits - 1) / a.splits + a.chunk_align - 1) / a.chunk_align * a.chunk_align;
+}
+
+// Asks L2 for the K and V rows of the block's slice (its first kPrefetchKeys keys), before the grid
+// dependency wait: the sequence lengths and block tables come from the host before the step and the
+// cached keys from earlier steps (a key appended after the request is written through L2, which keeps
+// it), so the slice streams in while the kernel before finishes, and the reads after the wait find it
+// in L2. NIBBLE_DECODE_L2_PREFETCH=1; off until measured on a GPU.
+constexpr int kPrefetchKeys = 512;
+template <bool kFp8>
+__device__ inline void prefetch_slice(const DecodeArgs& a, int s, int kh, int sp) {
+  constexpr uint32_t kRowBytes = kHeadDim * (kFp8 ? 1 : 2);
+  const int len = a.seq_lens[s], chunk = slice_keys(a, len);
+  const int begin = sp * chunk, end = min(len, begin + min(chunk, kPrefetchKeys));
+  const int32_t* table = a.block_tables + s * a.max_blocks;
+  const int64_t head = int64_t{kh} * kRowBytes, row_stride = int64_t{a.kv_heads} * kRowBytes;
+  for (int key = begin + static_cast<int>(threadIdx.x); key < end; key += kThreads) {
+    const int64_t at = (int64_t{table[key / a.block_size]} * a.block_size + key % a.block_size) * row_stride + head;
+    ptx::prefetch_l2_bulk(static_cast<const uint8_t*>(a.k_cache) + at, kRowBytes);
+    ptx::prefetch_l2_bulk(static_cast<const uint8_t*>(a.v_cache) + at, kRowBytes);
+  }
+}
 
 // Sequence s's new key (kv head kh), rotated by the step's angles, and its value into the cache: the
 // arithmetic of rope_append_kv_kernel (attention.cu), element by element.
@@ -105,12 +131,13 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
   __shared__ float slice_acc[kClusterMerge ? kMaxGroup : 1][kHeadDim];  // this block's slice, merged
   __shared__ float slice_m[kMaxGroup], slice_l[kMaxGroup];
   __shared__ float rope_sin[kHeadDim / 2], rope_cos[kHeadDim / 2];
+  const int sp = blockIdx.x, kh = blockIdx.y, s = blockIdx.z;
+  if (a.l2_prefetch) prefetch_slice<kFp8>(a, s, kh, sp);
   ptx::grid_dependency_wait();
   ptx::launch_dependents();
-  const int sp = blockIdx.x, kh = blockIdx.y, s = blockIdx.z;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4, G = a.group;
   const int len = a.seq_lens[s];
-  const int chunk = ((len + a.splits - 1) / a.splits + a.chunk_align - 1) / a.chunk_align * a.chunk_align;
+  const int chunk = slice_keys(a, len);
   const int begin = sp * chunk, end = min(len, begin + chunk);
   const int64_t kv_width = int64_t{a.kv_heads} * kHeadDim;
   const auto* k_base = static_cast<const uint8_t*>(a.k_cache) + int64_t{kh} * kHeadDim * kElemBytes;
@@ -363,6 +390,18 @@ __global__ void __launch_bounds__(kHeadDim) merge_kernel(const __grid_constant__
       __float2bfloat16_rn(den > 0.0f ? num / den * a.v_scale : 0.0f);
 }
 
+// NIBBLE_DECODE_L2_PREFETCH=1: decode_kernel asks L2 for its slice before the grid dependency wait
+// (prefetch_slice).
+bool l2_prefetch_setting() {
+  static const bool on = [] {
+    const char* v = std::getenv("NIBBLE_DECODE_L2_PREFETCH");
+    const std::string_view name = v != nullptr ? v : "";
+    check(name.empty() || name == "0" || name == "1", "NIBBLE_DECODE_L2_PREFETCH must be 0 or 1, not ", name);
+    return name == "1";
+  }();
+  return on;
+}
+
 // How the slices merge (decode_kernel's kClusterMerge or merge_kernel): NIBBLE_DECODE_MERGE=cluster or
 // kernel; by default the cluster, for contexts up to kClusterMaxKeys, where the clustered grid is one
 // wave of block slots (decode_grid), else merge_kernel.
@@ -487,7 +526,7 @@ void attention_decode(const Tensor& qkv, KvCacheLayer& cache, KvCacheDType cache
                      .inv_freq = inv_freq != nullptr ? inv_freq->data<float>() : nullptr,
                      .positions = batch.positions.data<int32_t>(), .slot_mapping = batch.slot_mapping.data<int32_t>(),
                      .k_store = cache.k.raw(), .v_store = cache.v.raw(), .k_store_scale = params.k_scale,
-                     .v_store_scale = params.v_scale};
+                     .v_store_scale = params.v_scale, .l2_prefetch = l2_prefetch_setting()};
   const dim3 grid(static_cast<unsigned>(splits), static_cast<unsigned>(params.num_kv_heads), static_cast<unsigned>(S));
   if (cluster) {
     const unsigned shape = static_cast<unsigned>(splits);
