@@ -49,6 +49,8 @@ struct DecodeArgs {
   bf16* out;                   // (S, Hq·D)
   int64_t width, max_blocks, block_size;
   int heads, kv_heads, group, splits;
+  int64_t slices;   // splits · kv_heads · sequences: slice i is split i % splits of KV head
+                    // i / splits % kv_heads of sequence i / (splits · kv_heads)
   int chunk_align;  // a slice's keys are a multiple of this (kWarps · kWarpKeys: every warp the same tiles)
   float q_scale, logit_softcap, v_scale;
   // rope_attention's decode steps (attention_decode.h), else inv_freq null.
@@ -58,8 +60,16 @@ struct DecodeArgs {
   void* k_store;                 // the caches, where the new key and value go
   void* v_store;
   float k_store_scale, v_store_scale;  // FP8: code = value / scale
-  bool l2_prefetch;  // decode_kernel asks L2 for its slice before the grid dependency wait
+  bool l2_prefetch;  // decode_kernel asks L2 for each slice before it takes it
 };
+
+struct Slice {
+  int split, kv_head, seq;
+};
+__device__ inline Slice slice_at(const DecodeArgs& a, int64_t i) {
+  return {static_cast<int>(i % a.splits), static_cast<int>(i / a.splits % a.kv_heads),
+          static_cast<int>(i / (int64_t{a.splits} * a.kv_heads))};
+}
 
 static_assert(kThreads == kHeadDim, "the KV append takes an element of v a thread");
 
@@ -68,15 +78,17 @@ __device__ inline int slice_keys(const DecodeArgs& a, int len) {
   return ((len + a.splits - 1) / a.splits + a.chunk_align - 1) / a.chunk_align * a.chunk_align;
 }
 
-// Asks L2 for the K and V rows of the block's slice (its first kPrefetchKeys keys), before the grid
-// dependency wait: the sequence lengths and block tables come from the host before the step and the
-// cached keys from earlier steps (a key appended after the request is written through L2, which keeps
-// it), so the slice streams in while the kernel before finishes, and the reads after the wait find it
-// in L2. NIBBLE_DECODE_L2_PREFETCH=1; off until measured on a GPU.
+// Asks L2 for the K and V rows of a slice (its first kPrefetchKeys keys): decode_kernel asks for its
+// first slice before the grid dependency wait (the sequence lengths and block tables come from the
+// host before the step and the cached keys from earlier steps; a key appended after the request is
+// written through L2, which keeps it), so that the slice streams in while the kernel before finishes,
+// and for each next slice of a persistent block as it starts the one before. NIBBLE_DECODE_L2_PREFETCH=1;
+// off until measured on a GPU.
 constexpr int kPrefetchKeys = 512;
 template <bool kFp8>
-__device__ inline void prefetch_slice(const DecodeArgs& a, int s, int kh, int sp) {
+__device__ inline void prefetch_slice(const DecodeArgs& a, Slice slice) {
   constexpr uint32_t kRowBytes = kHeadDim * (kFp8 ? 1 : 2);
+  const int s = slice.seq, kh = slice.kv_head, sp = slice.split;
   const int len = a.seq_lens[s], chunk = slice_keys(a, len);
   const int begin = sp * chunk, end = min(len, begin + min(chunk, kPrefetchKeys));
   const int32_t* table = a.block_tables + s * a.max_blocks;
@@ -104,13 +116,13 @@ __device__ inline void append_new_kv(const DecodeArgs& a, int s, int kh, const f
   }
 }
 
-// Tensor-core decode attention. Each warp walks its own 32-key tiles of the block's slice with its own
-// online softmax; the block's four warps merge at the end. Per tile: S (16 × 32) = Q (16 × 128: the
-// group's heads in rows 0..G-1, the rest zero) · Kᵀ, then Oᵀ (128 × 16) += Vᵀ (128 × 32) · Pᵀ, so that
-// P leaves the first MMA in the register layout the second one reads. Both MMAs take K positions in an
-// order of our choosing: thread (g = lane / 4, t = lane % 4) loads dims [32t, 32t + 32) of its key for
-// Q·Kᵀ (k-step j: dims 32t + 4j .. + 3) and, for Vᵀ, dims 32b + 4g .. + 3 of four keys; Oᵀ's row r of
-// m-tile i is dim 32·(i / 2) + 4·(r % 8) + 2·(i % 2) + r / 8.
+// Tensor-core decode attention of one slice (keys of one sequence and KV head). Each warp walks its own
+// 32-key tiles of the slice with its own online softmax; the block's four warps merge at the end. Per
+// tile: S (16 × 32) = Q (16 × 128: the group's heads in rows 0..G-1, the rest zero) · Kᵀ, then Oᵀ
+// (128 × 16) += Vᵀ (128 × 32) · Pᵀ, so that P leaves the first MMA in the register layout the second
+// one reads. Both MMAs take K positions in an order of our choosing: thread (g = lane / 4, t = lane % 4)
+// loads dims [32t, 32t + 32) of its key for Q·Kᵀ (k-step j: dims 32t + 4j .. + 3) and, for Vᵀ, dims
+// 32b + 4g .. + 3 of four keys; Oᵀ's row r of m-tile i is dim 32·(i / 2) + 4·(r % 8) + 2·(i % 2) + r / 8.
 // kClusterMerge: the grid's x (the slices) is one thread-block cluster, whose blocks merge their slices
 // through distributed shared memory and write the output, where otherwise each writes its slice to
 // part_acc and part_ml for merge_kernel. (A third way, each block counting itself in and the last to
@@ -124,17 +136,14 @@ __device__ inline void append_new_kv(const DecodeArgs& a, int s, int kh, const f
 // tile ahead, the block-table slots two ahead, 38.2 / 32.8; the slots two ahead alone 41.3 / 32.0; V
 // as one 16-byte load a key (a quarter of the load instructions) and no predicated loads 40.3 / 34.7.
 template <bool kFp8, bool kClusterMerge>
-__global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant__ DecodeArgs a) {
+__device__ __forceinline__ void decode_slice(const DecodeArgs& a, Slice slice) {
   constexpr int kElemBytes = kFp8 ? 1 : 2;
   __shared__ float m_w[kWarps][kMaxGroup], l_w[kWarps][kMaxGroup];
   __shared__ float acc_w[kWarps][kMaxGroup][kHeadDim];
   __shared__ float slice_acc[kClusterMerge ? kMaxGroup : 1][kHeadDim];  // this block's slice, merged
   __shared__ float slice_m[kMaxGroup], slice_l[kMaxGroup];
   __shared__ float rope_sin[kHeadDim / 2], rope_cos[kHeadDim / 2];
-  const int sp = blockIdx.x, kh = blockIdx.y, s = blockIdx.z;
-  if (a.l2_prefetch) prefetch_slice<kFp8>(a, s, kh, sp);
-  ptx::grid_dependency_wait();
-  ptx::launch_dependents();
+  const int sp = slice.split, kh = slice.kv_head, s = slice.seq;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4, G = a.group;
   const int len = a.seq_lens[s];
   const int chunk = slice_keys(a, len);
@@ -356,6 +365,25 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
   }
 }
 
+// Block b takes slices b, b + B, b + 2B, ... of the B blocks' grid: the grid (splits, KV heads,
+// sequences) takes a slice a block, as the cluster merge needs; a persistent grid of one wave of block
+// slots (NIBBLE_DECODE_PERSISTENT=1, off until measured) walks them, L2 asked for each next slice
+// (with NIBBLE_DECODE_L2_PREFETCH=1) as the one before starts, so that a slice's three dependent reads
+// (its length, its block table, its keys) find L2 rather than wait on memory.
+template <bool kFp8, bool kClusterMerge>
+__global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant__ DecodeArgs a) {
+  const int64_t blocks = int64_t{gridDim.x} * gridDim.y * gridDim.z;
+  const int64_t first = blockIdx.x + int64_t{gridDim.x} * (blockIdx.y + int64_t{gridDim.y} * blockIdx.z);
+  if (a.l2_prefetch && first < a.slices) prefetch_slice<kFp8>(a, slice_at(a, first));
+  ptx::grid_dependency_wait();
+  ptx::launch_dependents();
+  for (int64_t i = first; i < a.slices; i += blocks) {
+    if (i != first) __syncthreads();  // the slice before done with the shared memory
+    if (a.l2_prefetch && i + blocks < a.slices) prefetch_slice<kFp8>(a, slice_at(a, i + blocks));
+    decode_slice<kFp8, kClusterMerge>(a, slice_at(a, i));
+  }
+}
+
 // Keys a slice holds a multiple of: a block's four warps take 32-key tiles in turn, so a slice of
 // 4·32·n keys gives each warp n tiles, where a slice of 142 keys (Mixtral, batch 32, 1280 keys in 9
 // slices) left warp 0 two tiles and the others one. NIBBLE_DECODE_CHUNK_KEYS (a multiple of 32)
@@ -397,6 +425,18 @@ bool l2_prefetch_setting() {
     const char* v = std::getenv("NIBBLE_DECODE_L2_PREFETCH");
     const std::string_view name = v != nullptr ? v : "";
     check(name.empty() || name == "0" || name == "1", "NIBBLE_DECODE_L2_PREFETCH must be 0 or 1, not ", name);
+    return name == "1";
+  }();
+  return on;
+}
+
+// NIBBLE_DECODE_PERSISTENT=1: where the slices merge in merge_kernel, decode_kernel's grid is one wave
+// of block slots whose blocks walk the slices.
+bool persistent_setting() {
+  static const bool on = [] {
+    const char* v = std::getenv("NIBBLE_DECODE_PERSISTENT");
+    const std::string_view name = v != nullptr ? v : "";
+    check(name.empty() || name == "0" || name == "1", "NIBBLE_DECODE_PERSISTENT must be 0 or 1, not ", name);
     return name == "1";
   }();
   return on;
@@ -519,7 +559,7 @@ void attention_decode(const Tensor& qkv, KvCacheLayer& cache, KvCacheDType cache
                      .part_ml = cluster ? nullptr : part_ml.data<float>(), .out = out.data<bf16>(),
                      .width = qkv.dim(1), .max_blocks = batch.block_tables.dim(1), .block_size = cache.k.dim(1),
                      .heads = static_cast<int>(Hq), .kv_heads = static_cast<int>(params.num_kv_heads),
-                     .group = static_cast<int>(Hq / params.num_kv_heads), .splits = splits,
+                     .group = static_cast<int>(Hq / params.num_kv_heads), .splits = splits, .slices = blocks,
                      .chunk_align = chunk_align(),
                      .q_scale = params.softmax_scale * (fp8 ? params.k_scale : 1.0f),
                      .logit_softcap = params.logit_softcap, .v_scale = fp8 ? params.v_scale : 1.0f,
@@ -536,10 +576,11 @@ void attention_decode(const Tensor& qkv, KvCacheLayer& cache, KvCacheDType cache
       launch_kernel_with({cluster_shape(shape)}, decode_kernel<false, true>, grid, kThreads, 0, stream, a);
     return cuda_check(cudaGetLastError());
   }
+  const dim3 walk = persistent_setting() ? dim3(static_cast<unsigned>(std::min(blocks, slots))) : grid;
   if (fp8)
-    launch_kernel(decode_kernel<true, false>, grid, kThreads, 0, stream, a);
+    launch_kernel(decode_kernel<true, false>, walk, kThreads, 0, stream, a);
   else
-    launch_kernel(decode_kernel<false, false>, grid, kThreads, 0, stream, a);
+    launch_kernel(decode_kernel<false, false>, walk, kThreads, 0, stream, a);
   cuda_check(cudaGetLastError());
   launch_kernel(merge_kernel, dim3(static_cast<unsigned>(S), static_cast<unsigned>(Hq)), kHeadDim, 0, stream, a);
   cuda_check(cudaGetLastError());
