@@ -49,8 +49,7 @@ struct DecodeArgs {
   bf16* out;                   // (S, Hq·D)
   int64_t width, max_blocks, block_size;
   int heads, kv_heads, group, splits;
-  int64_t slices;   // splits · kv_heads · sequences: slice i is split i % splits of KV head
-                    // i / splits % kv_heads of sequence i / (splits · kv_heads)
+  int64_t slices;   // splits · kv_heads · sequences (slice_at)
   int chunk_align;  // a slice's keys are a multiple of this (kWarps · kWarpKeys: every warp the same tiles)
   float q_scale, logit_softcap, v_scale;
   // rope_attention's decode steps (attention_decode.h), else inv_freq null.
@@ -61,12 +60,21 @@ struct DecodeArgs {
   void* v_store;
   float k_store_scale, v_store_scale;  // FP8: code = value / scale
   bool l2_prefetch;  // decode_kernel asks L2 for each slice before it takes it
+  bool persistent;   // decode_kernel's grid is one wave of block slots that walk the slices
 };
 
 struct Slice {
   int split, kv_head, seq;
 };
+// Slice i: in the grid (splits, KV heads, sequences), split i % splits of KV head i / splits % kv_heads
+// of sequence i / (splits · kv_heads); in a persistent grid split-major (every sequence's and head's
+// first split, then their second...), so that a block's stride over them mixes splits, and the short
+// or empty last splits fall to the end.
 __device__ inline Slice slice_at(const DecodeArgs& a, int64_t i) {
+  if (a.persistent) {
+    const int64_t pairs = a.slices / a.splits, pair = i % pairs;
+    return {static_cast<int>(i / pairs), static_cast<int>(pair % a.kv_heads), static_cast<int>(pair / a.kv_heads)};
+  }
   return {static_cast<int>(i % a.splits), static_cast<int>(i / a.splits % a.kv_heads),
           static_cast<int>(i / (int64_t{a.splits} * a.kv_heads))};
 }
@@ -566,7 +574,8 @@ void attention_decode(const Tensor& qkv, KvCacheLayer& cache, KvCacheDType cache
                      .inv_freq = inv_freq != nullptr ? inv_freq->data<float>() : nullptr,
                      .positions = batch.positions.data<int32_t>(), .slot_mapping = batch.slot_mapping.data<int32_t>(),
                      .k_store = cache.k.raw(), .v_store = cache.v.raw(), .k_store_scale = params.k_scale,
-                     .v_store_scale = params.v_scale, .l2_prefetch = l2_prefetch_setting()};
+                     .v_store_scale = params.v_scale, .l2_prefetch = l2_prefetch_setting(),
+                     .persistent = !cluster && persistent_setting() && blocks > slots};
   const dim3 grid(static_cast<unsigned>(splits), static_cast<unsigned>(params.num_kv_heads), static_cast<unsigned>(S));
   if (cluster) {
     const unsigned shape = static_cast<unsigned>(splits);
@@ -576,7 +585,7 @@ void attention_decode(const Tensor& qkv, KvCacheLayer& cache, KvCacheDType cache
       launch_kernel_with({cluster_shape(shape)}, decode_kernel<false, true>, grid, kThreads, 0, stream, a);
     return cuda_check(cudaGetLastError());
   }
-  const dim3 walk = persistent_setting() ? dim3(static_cast<unsigned>(std::min(blocks, slots))) : grid;
+  const dim3 walk = a.persistent ? dim3(static_cast<unsigned>(slots)) : grid;
   if (fp8)
     launch_kernel(decode_kernel<true, false>, walk, kThreads, 0, stream, a);
   else
