@@ -90,8 +90,8 @@ __device__ inline int slice_keys(const DecodeArgs& a, int len) {
 // first slice before the grid dependency wait (the sequence lengths and block tables come from the
 // host before the step and the cached keys from earlier steps; a key appended after the request is
 // written through L2, which keeps it), so that the slice streams in while the kernel before finishes,
-// and for each next slice of a persistent block as it starts the one before. NIBBLE_DECODE_L2_PREFETCH=1;
-// off until measured on a GPU.
+// and for each next slice of a persistent block as it ends the keys of the one before.
+// NIBBLE_DECODE_L2_PREFETCH=1; off until measured on a GPU.
 constexpr int kPrefetchKeys = 512;
 template <bool kFp8>
 __device__ inline void prefetch_slice(const DecodeArgs& a, Slice slice) {
@@ -144,7 +144,7 @@ __device__ inline void append_new_kv(const DecodeArgs& a, int s, int kh, const f
 // tile ahead, the block-table slots two ahead, 38.2 / 32.8; the slots two ahead alone 41.3 / 32.0; V
 // as one 16-byte load a key (a quarter of the load instructions) and no predicated loads 40.3 / 34.7.
 template <bool kFp8, bool kClusterMerge>
-__device__ __forceinline__ void decode_slice(const DecodeArgs& a, Slice slice) {
+__device__ __forceinline__ void decode_slice(const DecodeArgs& a, Slice slice, int64_t next) {
   constexpr int kElemBytes = kFp8 ? 1 : 2;
   __shared__ float m_w[kWarps][kMaxGroup], l_w[kWarps][kMaxGroup];
   __shared__ float acc_w[kWarps][kMaxGroup][kHeadDim];
@@ -314,6 +314,9 @@ __device__ __forceinline__ void decode_slice(const DecodeArgs& a, Slice slice) {
     }
   }
 
+  // The block's next slice asked of L2 (with NIBBLE_DECODE_L2_PREFETCH=1) once this one's keys are read:
+  // the merge below hides part of its latency, and L2 holds no more than a slice a block.
+  if (a.l2_prefetch && next >= 0) prefetch_slice<kFp8>(a, slice_at(a, next));
   // Merge the four warps' slices of this block's keys and write the block's slice.
   if (t == 0 && g < G) m_w[warp][g] = m, l_w[warp][g] = l;
 #pragma unroll
@@ -376,10 +379,12 @@ __device__ __forceinline__ void decode_slice(const DecodeArgs& a, Slice slice) {
 // Block b takes slices b, b + B, b + 2B, ... of the B blocks' grid: the grid (splits, KV heads,
 // sequences) takes a slice a block, as the cluster merge needs; a persistent grid of one wave of block
 // slots (NIBBLE_DECODE_PERSISTENT=1, off until measured) walks them, L2 asked for each next slice
-// (with NIBBLE_DECODE_L2_PREFETCH=1) as the one before starts, so that a slice's three dependent reads
-// (its length, its block table, its keys) find L2 rather than wait on memory.
+// (with NIBBLE_DECODE_L2_PREFETCH=1) as the one before ends its keys, so that a slice's three dependent
+// reads (its length, its block table, its keys) find L2 rather than wait on memory.
+// FP8: at most 168 registers, so that an SM holds 3 blocks (159 to 168 without the bound; at 4 blocks, 128
+// registers, it spilled and was slower: fourteenth session).
 template <bool kFp8, bool kClusterMerge>
-__global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant__ DecodeArgs a) {
+__global__ void __launch_bounds__(kThreads, kFp8 ? 3 : 1) decode_kernel(const __grid_constant__ DecodeArgs a) {
   const int64_t blocks = int64_t{gridDim.x} * gridDim.y * gridDim.z;
   const int64_t first = blockIdx.x + int64_t{gridDim.x} * (blockIdx.y + int64_t{gridDim.y} * blockIdx.z);
   if (a.l2_prefetch && first < a.slices) prefetch_slice<kFp8>(a, slice_at(a, first));
@@ -387,8 +392,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
   ptx::launch_dependents();
   for (int64_t i = first; i < a.slices; i += blocks) {
     if (i != first) __syncthreads();  // the slice before done with the shared memory
-    if (a.l2_prefetch && i + blocks < a.slices) prefetch_slice<kFp8>(a, slice_at(a, i + blocks));
-    decode_slice<kFp8, kClusterMerge>(a, slice_at(a, i));
+    decode_slice<kFp8, kClusterMerge>(a, slice_at(a, i), i + blocks < a.slices ? i + blocks : -1);
   }
 }
 
