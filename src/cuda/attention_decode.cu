@@ -17,6 +17,7 @@
 #include "cuda/attention_mma.cuh"
 #include "cuda/cuda_check.h"
 #include "cuda/device.h"
+#include "cuda/env_setting.h"
 #include "cuda/kv_store.cuh"
 #include "cuda/launch.h"
 #include "cuda/ptx.cuh"
@@ -433,24 +434,14 @@ __global__ void __launch_bounds__(kHeadDim) merge_kernel(const __grid_constant__
 // NIBBLE_DECODE_L2_PREFETCH=1: decode_kernel asks L2 for its slice before the grid dependency wait
 // (prefetch_slice).
 bool l2_prefetch_setting() {
-  static const bool on = [] {
-    const char* v = std::getenv("NIBBLE_DECODE_L2_PREFETCH");
-    const std::string_view name = v != nullptr ? v : "";
-    check(name.empty() || name == "0" || name == "1", "NIBBLE_DECODE_L2_PREFETCH must be 0 or 1, not ", name);
-    return name == "1";
-  }();
+  static const bool on = env_switch("NIBBLE_DECODE_L2_PREFETCH");
   return on;
 }
 
 // NIBBLE_DECODE_PERSISTENT=1: where the slices merge in merge_kernel, decode_kernel's grid is one wave
 // of block slots whose blocks walk the slices.
 bool persistent_setting() {
-  static const bool on = [] {
-    const char* v = std::getenv("NIBBLE_DECODE_PERSISTENT");
-    const std::string_view name = v != nullptr ? v : "";
-    check(name.empty() || name == "0" || name == "1", "NIBBLE_DECODE_PERSISTENT must be 0 or 1, not ", name);
-    return name == "1";
-  }();
+  static const bool on = env_switch("NIBBLE_DECODE_PERSISTENT");
   return on;
 }
 
@@ -461,10 +452,7 @@ constexpr int64_t kClusterMaxKeys = 8192;
 enum class Merge { kKernel, kCluster };
 std::optional<Merge> merge_setting() {  // none: by the rule of decode_grid
   static const std::optional<Merge> setting = []() -> std::optional<Merge> {
-    const char* v = std::getenv("NIBBLE_DECODE_MERGE");
-    const std::string_view name = v != nullptr ? v : "";
-    check(name.empty() || name == "cluster" || name == "kernel", "NIBBLE_DECODE_MERGE must be cluster or kernel, not ",
-          name);
+    const std::string name = env_choice("NIBBLE_DECODE_MERGE", {"cluster", "kernel"});
     if (name.empty()) return std::nullopt;
     return name == "cluster" ? Merge::kCluster : Merge::kKernel;
   }();
@@ -539,10 +527,7 @@ DecodeGrid decode_grid(const ForwardBatch& batch, const AttentionParams& params,
 
 bool attention_decode_appends(const ForwardBatch& batch, const AttentionParams& params, KvCacheDType cache_dtype) {
   static const int setting = [] {
-    const char* v = std::getenv("NIBBLE_DECODE_APPEND");
-    const std::string_view name = v != nullptr ? v : "";
-    check(name.empty() || name == "auto" || name == "decode" || name == "kernel",
-          "NIBBLE_DECODE_APPEND must be auto, decode or kernel, not ", name);
+    const std::string name = env_choice("NIBBLE_DECODE_APPEND", {"auto", "decode", "kernel"});
     return name == "decode" ? 1 : name == "kernel" ? 0 : -1;
   }();
   if (setting >= 0) return setting == 1;

@@ -7,6 +7,7 @@
 
 #include "cuda/cuda_check.h"
 #include "cuda/device.h"
+#include "cuda/env_setting.h"
 #include "cuda/moe_combine.h"
 #include "cuda/moe_gemm_w4a8.h"
 #include "cuda/moe_prefill.h"
@@ -35,12 +36,7 @@ bool capturing(cudaStream_t stream) {
 // NIBBLE_MOE_PATH=decode keeps every call on the decode path (an experiment: exactness questions, the
 // decode kernels at prefill sizes); unset or auto, the path goes by size.
 bool decode_path_forced() {
-  static const bool forced = [] {
-    const char* v = std::getenv("NIBBLE_MOE_PATH");
-    const std::string_view name = v != nullptr ? v : "";
-    check(name.empty() || name == "auto" || name == "decode", "NIBBLE_MOE_PATH must be auto or decode, not ", name);
-    return name == "decode";
-  }();
+  static const bool forced = env_choice("NIBBLE_MOE_PATH", {"auto", "decode"}) == "decode";
   return forced;
 }
 

@@ -11,6 +11,7 @@
 
 #include "cuda/activation.cuh"
 #include "cuda/cuda_check.h"
+#include "cuda/env_setting.h"
 #include "cuda/fp8_rows.cuh"
 #include "cuda/launch.h"
 #include "cuda/moe_quantize.h"
@@ -236,10 +237,7 @@ __global__ void __launch_bounds__(kActRowThreads) activation_rows_kernel(const _
 // rows), else the row kernel where it takes the row (I up to 16384).
 ActivationKernel activation_kernel_for(const ActivationArgs& p) {
   static const ActivationKernel setting = [] {
-    const char* v = std::getenv("NIBBLE_ACTIVATION");
-    const std::string_view name = v != nullptr ? v : "";
-    check(name.empty() || name == "cluster" || name == "rows", "NIBBLE_ACTIVATION must be cluster or rows, not ",
-          name);
+    const std::string name = env_choice("NIBBLE_ACTIVATION", {"cluster", "rows"});
     return name == "cluster" ? ActivationKernel::kCluster : name == "rows" ? ActivationKernel::kRows
                                                                              : ActivationKernel::kAuto;
   }();
@@ -301,9 +299,7 @@ std::atomic<int> g_tp_local_amax{-1};  // -1: not yet read from the environment
 bool tp_local_amax() {
   int local = g_tp_local_amax.load(std::memory_order_relaxed);
   if (local < 0) {
-    const char* v = std::getenv("NIBBLE_TP_LOCAL_AMAX");
-    const std::string_view name = v != nullptr ? v : "";
-    check(name.empty() || name == "0" || name == "1", "NIBBLE_TP_LOCAL_AMAX must be 0 or 1, not ", name);
+    const std::string name = env_choice("NIBBLE_TP_LOCAL_AMAX", {"0", "1"});
     int unread = -1;
     g_tp_local_amax.compare_exchange_strong(unread, name == "0" ? 0 : 1);
     local = g_tp_local_amax.load();

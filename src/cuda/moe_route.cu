@@ -8,6 +8,7 @@
 #include <string_view>
 
 #include "cuda/cuda_check.h"
+#include "cuda/env_setting.h"
 #include "cuda/fp8_rows.cuh"
 #include "cuda/launch.h"
 #include "cuda/moe_route.h"
@@ -297,10 +298,7 @@ __global__ void __launch_bounds__(kLogitWarps * 32) route_topk_group_kernel(cons
 enum class RouteKernel { kAuto, kCluster, kCounted };
 RouteKernel route_kernel_setting() {
   static const RouteKernel setting = [] {
-    const char* v = std::getenv("NIBBLE_ROUTE");
-    const std::string_view name = v != nullptr ? v : "";
-    check(name.empty() || name == "auto" || name == "cluster" || name == "counted",
-          "NIBBLE_ROUTE must be auto, cluster or counted, not ", name);
+    const std::string name = env_choice("NIBBLE_ROUTE", {"auto", "cluster", "counted"});
     return name == "cluster" ? RouteKernel::kCluster : name == "counted" ? RouteKernel::kCounted : RouteKernel::kAuto;
   }();
   return setting;
@@ -309,13 +307,7 @@ RouteKernel route_kernel_setting() {
 // NIBBLE_MOE_QUANTIZE=route (the default) or kernel: whether route_and_group quantizes x in its launch
 // where it can, or always in quantize_rows_fp8's own.
 bool quantize_in_route() {
-  static const bool fused = [] {
-    const char* v = std::getenv("NIBBLE_MOE_QUANTIZE");
-    const std::string_view name = v != nullptr ? v : "";
-    check(name.empty() || name == "route" || name == "kernel", "NIBBLE_MOE_QUANTIZE must be route or kernel, not ",
-          name);
-    return name != "kernel";
-  }();
+  static const bool fused = env_choice("NIBBLE_MOE_QUANTIZE", {"route", "kernel"}) != "kernel";
   return fused;
 }
 
