@@ -127,10 +127,7 @@ void CudaOps::all_reduce_add_rms_norm(Communicator& group, Tensor& y, Tensor& x,
                                       const Tensor& weight, float eps, Tensor& out) {
   enum class Fused { kNone, kPlain, kAll };  // kPlain: only without a post-norm
   static const Fused fused = [] {
-    const char* v = std::getenv("NIBBLE_TP_FUSED_NORM");
-    const std::string_view name = v != nullptr ? v : "";
-    check(name.empty() || name == "0" || name == "1" || name == "all", "NIBBLE_TP_FUSED_NORM must be 0, 1 or all, not ",
-          name);
+    const std::string name = env_choice("NIBBLE_TP_FUSED_NORM", {"0", "1", "all"});
     return name == "0" ? Fused::kNone : name == "all" ? Fused::kAll : Fused::kPlain;
   }();
   auto* fusing = dynamic_cast<ResidualNormAllReduce*>(&group);
@@ -144,10 +141,7 @@ void CudaOps::scale(Tensor& x, float factor) { cuda::scale(x, factor, stream_); 
 void CudaOps::argmax(const Tensor& x, Tensor& out) { argmax_rows(x, out, stream_); }
 
 void CudaOps::sample(const Tensor& logits, const Tensor& temperatures, const Tensor& keys, Tensor& out) {
-  static const bool on_device = [] {
-    const char* v = std::getenv("NIBBLE_DEVICE_SAMPLING");
-    return v == nullptr || std::string_view(v) != "0";
-  }();
+  static const bool on_device = env_choice("NIBBLE_DEVICE_SAMPLING", {"0", "1"}) != "0";
   if (on_device) return sample_rows(logits, temperatures, keys, out, stream_);
   Tensor ids = Tensor::zeros(DType::kI32, {logits.dim(0)});
   Ops::sample(download(logits), download(temperatures), download(keys), ids);

@@ -21,6 +21,7 @@
 
 #include "core/error.h"
 #include "cuda/cuda_check.h"
+#include "cuda/env_setting.h"
 
 namespace nibble::cuda {
 
@@ -29,10 +30,7 @@ enum class Pdl { kOff, kOn };
 namespace detail {
 inline thread_local int plain_depth = 0;  // PlainLaunches alive on this thread
 inline std::atomic<Pdl>& pdl_setting() {
-  static std::atomic<Pdl> setting{[] {  // the environment, read once
-    const char* v = std::getenv("NIBBLE_PDL");
-    return v != nullptr && std::string_view(v) == "0" ? Pdl::kOff : Pdl::kOn;
-  }()};
+  static std::atomic<Pdl> setting{env_choice("NIBBLE_PDL", {"0", "1"}) == "0" ? Pdl::kOff : Pdl::kOn};
   return setting;
 }
 }  // namespace detail

@@ -10,6 +10,7 @@
 #include <string_view>
 
 #include "cuda/cuda_check.h"
+#include "cuda/env_setting.h"
 #include "cuda/device.h"
 #include "cuda/fp8_gemv.h"
 #include "cuda/fp8_linear_mma.h"
@@ -68,10 +69,7 @@ __global__ void __launch_bounds__(kScaleThreads) scale_product_kernel(const __gr
 // 2026-11-30), cuBLASLt's outer-vector kernels made Mixtral-8x7B W4A8 decode slower, batch 32 11.30
 // ms a step against 10.82-10.99 and batch 1 4.49 against 4.01, though they save the 64 scaling passes.
 bool outer_scales() {
-  static const bool on = [] {
-    const char* v = std::getenv("NIBBLE_LT_OUTER_SCALES");
-    return v != nullptr && std::string_view(v) == "1";
-  }();
+  static const bool on = env_switch("NIBBLE_LT_OUTER_SCALES");
   return on;
 }
 
@@ -94,10 +92,7 @@ constexpr int64_t kGemvAutoTokens = 1;
 
 Fp8Gemm fp8_gemm_setting() {
   static const Fp8Gemm setting = [] {
-    const char* v = std::getenv("NIBBLE_FP8_LINEAR");
-    const std::string_view name = v != nullptr ? v : "";
-    check(name.empty() || name == "auto" || name == "gemv" || name == "mma" || name == "cublaslt",
-          "NIBBLE_FP8_LINEAR must be auto, gemv, mma or cublaslt, not ", name);
+    const std::string name = env_choice("NIBBLE_FP8_LINEAR", {"auto", "gemv", "mma", "cublaslt"});
     return name == "gemv" ? Fp8Gemm::kGemv : name == "mma" ? Fp8Gemm::kMma : name == "cublaslt" ? Fp8Gemm::kCublasLt
                                                                                               : Fp8Gemm::kAuto;
   }();

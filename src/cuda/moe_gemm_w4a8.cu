@@ -21,6 +21,7 @@
 #include <type_traits>
 
 #include "cuda/cuda_check.h"
+#include "cuda/env_setting.h"
 #include "cuda/device.h"
 #include "cuda/kernel_attributes.h"
 #include "cuda/int4_f16_mma.cuh"
@@ -664,9 +665,7 @@ int consumer_groups(int64_t n, int token_tiles) {
 // NIBBLE_MOE_MATH: "mma" or "wgmma" (measurements: bench/RESULTS.md).
 GemmMath gemm_math() {
   static const GemmMath math = [] {
-    const char* v = std::getenv("NIBBLE_MOE_MATH");
-    const std::string name = v != nullptr ? v : "";
-    check(name.empty() || name == "mma" || name == "wgmma", "NIBBLE_MOE_MATH must be mma or wgmma, not ", name);
+    const std::string name = env_choice("NIBBLE_MOE_MATH", {"mma", "wgmma"});
     return name == "mma" ? GemmMath::kMmaSync : name == "wgmma" ? GemmMath::kWgmma : GemmMath::kDefault;
   }();
   return math;

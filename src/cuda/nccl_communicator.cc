@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "cuda/cuda_check.h"
+#include "cuda/env_setting.h"
 #include "cuda/launch.h"
 
 namespace nibble::cuda {
@@ -21,9 +22,7 @@ void nccl_check(ncclResult_t status, const char* what) {
 }  // namespace
 
 SmallMessages small_messages_from_environment() {
-  const char* value = std::getenv("NIBBLE_P2P_ALLREDUCE");
-  return value != nullptr && std::string_view(value) == "0" ? SmallMessages::kNccl
-                                                            : SmallMessages::kPeerToPeer;
+  return env_choice("NIBBLE_P2P_ALLREDUCE", {"0", "1"}) == "0" ? SmallMessages::kNccl : SmallMessages::kPeerToPeer;
 }
 
 NcclGroup::NcclGroup(int size, SmallMessages small_messages) : size_(size) {
