@@ -50,7 +50,6 @@ struct DecodeArgs {
   bf16* out;                   // (S, Hq·D)
   int64_t width, max_blocks, block_size;
   int heads, kv_heads, group, splits;
-  int64_t slices;   // splits · kv_heads · sequences (slice_at)
   int chunk_align;  // a slice's keys are a multiple of this (kWarps · kWarpKeys: every warp the same tiles)
   float q_scale, logit_softcap, v_scale;
   // rope_attention's decode steps (attention_decode.h), else inv_freq null.
@@ -60,54 +59,9 @@ struct DecodeArgs {
   void* k_store;                 // the caches, where the new key and value go
   void* v_store;
   float k_store_scale, v_store_scale;  // FP8: code = value / scale
-  bool l2_prefetch;  // decode_kernel asks L2 for each slice before it takes it
-  bool persistent;   // decode_kernel's grid is one wave of block slots that walk the slices
 };
-
-struct Slice {
-  int split, kv_head, seq;
-};
-// Slice i: in the grid (splits, KV heads, sequences), split i % splits of KV head i / splits % kv_heads
-// of sequence i / (splits · kv_heads); in a persistent grid split-major (every sequence's and head's
-// first split, then their second...), so that a block's stride over them mixes splits, and the short
-// or empty last splits fall to the end.
-__device__ inline Slice slice_at(const DecodeArgs& a, int64_t i) {
-  if (a.persistent) {
-    const int64_t pairs = a.slices / a.splits, pair = i % pairs;
-    return {static_cast<int>(i / pairs), static_cast<int>(pair % a.kv_heads), static_cast<int>(pair / a.kv_heads)};
-  }
-  return {static_cast<int>(i % a.splits), static_cast<int>(i / a.splits % a.kv_heads),
-          static_cast<int>(i / (int64_t{a.splits} * a.kv_heads))};
-}
 
 static_assert(kThreads == kHeadDim, "the KV append takes an element of v a thread");
-
-// The keys of a slice: a multiple of chunk_align, the same for every slice of the sequence.
-__device__ inline int slice_keys(const DecodeArgs& a, int len) {
-  return ((len + a.splits - 1) / a.splits + a.chunk_align - 1) / a.chunk_align * a.chunk_align;
-}
-
-// Asks L2 for the K and V rows of a slice (its first kPrefetchKeys keys): decode_kernel asks for its
-// first slice before the grid dependency wait (the sequence lengths and block tables come from the
-// host before the step and the cached keys from earlier steps; a key appended after the request is
-// written through L2, which keeps it), so that the slice streams in while the kernel before finishes,
-// and for each next slice of a persistent block as it ends the keys of the one before.
-// NIBBLE_DECODE_L2_PREFETCH=1; off until measured on a GPU.
-constexpr int kPrefetchKeys = 512;
-template <bool kFp8>
-__device__ inline void prefetch_slice(const DecodeArgs& a, Slice slice) {
-  constexpr uint32_t kRowBytes = kHeadDim * (kFp8 ? 1 : 2);
-  const int s = slice.seq, kh = slice.kv_head, sp = slice.split;
-  const int len = a.seq_lens[s], chunk = slice_keys(a, len);
-  const int begin = sp * chunk, end = min(len, begin + min(chunk, kPrefetchKeys));
-  const int32_t* table = a.block_tables + s * a.max_blocks;
-  const int64_t head = int64_t{kh} * kRowBytes, row_stride = int64_t{a.kv_heads} * kRowBytes;
-  for (int key = begin + static_cast<int>(threadIdx.x); key < end; key += kThreads) {
-    const int64_t at = (int64_t{table[key / a.block_size]} * a.block_size + key % a.block_size) * row_stride + head;
-    ptx::prefetch_l2_bulk(static_cast<const uint8_t*>(a.k_cache) + at, kRowBytes);
-    ptx::prefetch_l2_bulk(static_cast<const uint8_t*>(a.v_cache) + at, kRowBytes);
-  }
-}
 
 // Sequence s's new key (kv head kh), rotated by the step's angles, and its value into the cache: the
 // arithmetic of rope_append_kv_kernel (attention.cu), element by element.
@@ -125,13 +79,13 @@ __device__ inline void append_new_kv(const DecodeArgs& a, int s, int kh, const f
   }
 }
 
-// Tensor-core decode attention of one slice (keys of one sequence and KV head). Each warp walks its own
-// 32-key tiles of the slice with its own online softmax; the block's four warps merge at the end. Per
-// tile: S (16 × 32) = Q (16 × 128: the group's heads in rows 0..G-1, the rest zero) · Kᵀ, then Oᵀ
-// (128 × 16) += Vᵀ (128 × 32) · Pᵀ, so that P leaves the first MMA in the register layout the second
-// one reads. Both MMAs take K positions in an order of our choosing: thread (g = lane / 4, t = lane % 4)
-// loads dims [32t, 32t + 32) of its key for Q·Kᵀ (k-step j: dims 32t + 4j .. + 3) and, for Vᵀ, dims
-// 32b + 4g .. + 3 of four keys; Oᵀ's row r of m-tile i is dim 32·(i / 2) + 4·(r % 8) + 2·(i % 2) + r / 8.
+// Tensor-core decode attention. Each warp walks its own 32-key tiles of the block's slice with its own
+// online softmax; the block's four warps merge at the end. Per tile: S (16 × 32) = Q (16 × 128: the
+// group's heads in rows 0..G-1, the rest zero) · Kᵀ, then Oᵀ (128 × 16) += Vᵀ (128 × 32) · Pᵀ, so that
+// P leaves the first MMA in the register layout the second one reads. Both MMAs take K positions in an
+// order of our choosing: thread (g = lane / 4, t = lane % 4) loads dims [32t, 32t + 32) of its key for
+// Q·Kᵀ (k-step j: dims 32t + 4j .. + 3) and, for Vᵀ, dims 32b + 4g .. + 3 of four keys; Oᵀ's row r of
+// m-tile i is dim 32·(i / 2) + 4·(r % 8) + 2·(i % 2) + r / 8.
 // kClusterMerge: the grid's x (the slices) is one thread-block cluster, whose blocks merge their slices
 // through distributed shared memory and write the output, where otherwise each writes its slice to
 // part_acc and part_ml for merge_kernel. (A third way, each block counting itself in and the last to
@@ -144,18 +98,23 @@ __device__ inline void append_new_kv(const DecodeArgs& a, int s, int kh, const f
 // registers, 2 blocks an SM) 47.3 / 38.8; FP8 tiles through each warp's shared memory by cp.async a
 // tile ahead, the block-table slots two ahead, 38.2 / 32.8; the slots two ahead alone 41.3 / 32.0; V
 // as one 16-byte load a key (a quarter of the load instructions) and no predicated loads 40.3 / 34.7.
+// Sixteenth session, against 42.4 / 33.8 in that call: each block's slice asked of L2 before the grid
+// dependency wait 53.5 / 41.1; one wave of persistent blocks walking the slices 41.2 / 34.4, with the
+// next slice asked of L2 47.4 / 41.6 (the engine, Mixtral b32: 10.02 against 9.78 ms a step).
 template <bool kFp8, bool kClusterMerge>
-__device__ __forceinline__ void decode_slice(const DecodeArgs& a, Slice slice, int64_t next) {
+__global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant__ DecodeArgs a) {
   constexpr int kElemBytes = kFp8 ? 1 : 2;
   __shared__ float m_w[kWarps][kMaxGroup], l_w[kWarps][kMaxGroup];
   __shared__ float acc_w[kWarps][kMaxGroup][kHeadDim];
   __shared__ float slice_acc[kClusterMerge ? kMaxGroup : 1][kHeadDim];  // this block's slice, merged
   __shared__ float slice_m[kMaxGroup], slice_l[kMaxGroup];
   __shared__ float rope_sin[kHeadDim / 2], rope_cos[kHeadDim / 2];
-  const int sp = slice.split, kh = slice.kv_head, s = slice.seq;
+  ptx::grid_dependency_wait();
+  ptx::launch_dependents();
+  const int sp = blockIdx.x, kh = blockIdx.y, s = blockIdx.z;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4, G = a.group;
   const int len = a.seq_lens[s];
-  const int chunk = slice_keys(a, len);
+  const int chunk = ((len + a.splits - 1) / a.splits + a.chunk_align - 1) / a.chunk_align * a.chunk_align;
   const int begin = sp * chunk, end = min(len, begin + chunk);
   const int64_t kv_width = int64_t{a.kv_heads} * kHeadDim;
   const auto* k_base = static_cast<const uint8_t*>(a.k_cache) + int64_t{kh} * kHeadDim * kElemBytes;
@@ -315,9 +274,6 @@ __device__ __forceinline__ void decode_slice(const DecodeArgs& a, Slice slice, i
     }
   }
 
-  // The block's next slice asked of L2 (with NIBBLE_DECODE_L2_PREFETCH=1) once this one's keys are read:
-  // the merge below hides part of its latency, and L2 holds no more than a slice a block.
-  if (a.l2_prefetch && next >= 0) prefetch_slice<kFp8>(a, slice_at(a, next));
   // Merge the four warps' slices of this block's keys and write the block's slice.
   if (t == 0 && g < G) m_w[warp][g] = m, l_w[warp][g] = l;
 #pragma unroll
@@ -377,26 +333,6 @@ __device__ __forceinline__ void decode_slice(const DecodeArgs& a, Slice slice, i
   }
 }
 
-// Block b takes slices b, b + B, b + 2B, ... of the B blocks' grid: the grid (splits, KV heads,
-// sequences) takes a slice a block, as the cluster merge needs; a persistent grid of one wave of block
-// slots (NIBBLE_DECODE_PERSISTENT=1, off until measured) walks them, L2 asked for each next slice
-// (with NIBBLE_DECODE_L2_PREFETCH=1) as the one before ends its keys, so that a slice's three dependent
-// reads (its length, its block table, its keys) find L2 rather than wait on memory.
-// FP8: at most 168 registers, so that an SM holds 3 blocks (159 to 168 without the bound; at 4 blocks, 128
-// registers, it spilled and was slower: fourteenth session).
-template <bool kFp8, bool kClusterMerge>
-__global__ void __launch_bounds__(kThreads, kFp8 ? 3 : 1) decode_kernel(const __grid_constant__ DecodeArgs a) {
-  const int64_t blocks = int64_t{gridDim.x} * gridDim.y * gridDim.z;
-  const int64_t first = blockIdx.x + int64_t{gridDim.x} * (blockIdx.y + int64_t{gridDim.y} * blockIdx.z);
-  if (a.l2_prefetch && first < a.slices) prefetch_slice<kFp8>(a, slice_at(a, first));
-  ptx::grid_dependency_wait();
-  ptx::launch_dependents();
-  for (int64_t i = first; i < a.slices; i += blocks) {
-    if (i != first) __syncthreads();  // the slice before done with the shared memory
-    decode_slice<kFp8, kClusterMerge>(a, slice_at(a, i), i + blocks < a.slices ? i + blocks : -1);
-  }
-}
-
 // Keys a slice holds a multiple of: a block's four warps take 32-key tiles in turn, so a slice of
 // 4·32·n keys gives each warp n tiles, where a slice of 142 keys (Mixtral, batch 32, 1280 keys in 9
 // slices) left warp 0 two tiles and the others one. NIBBLE_DECODE_CHUNK_KEYS (a multiple of 32)
@@ -429,20 +365,6 @@ __global__ void __launch_bounds__(kHeadDim) merge_kernel(const __grid_constant__
   }
   a.out[int64_t{s} * a.heads * kHeadDim + int64_t{h} * kHeadDim + d] =
       __float2bfloat16_rn(den > 0.0f ? num / den * a.v_scale : 0.0f);
-}
-
-// NIBBLE_DECODE_L2_PREFETCH=1: decode_kernel asks L2 for its slice before the grid dependency wait
-// (prefetch_slice).
-bool l2_prefetch_setting() {
-  static const bool on = env_switch("NIBBLE_DECODE_L2_PREFETCH");
-  return on;
-}
-
-// NIBBLE_DECODE_PERSISTENT=1: where the slices merge in merge_kernel, decode_kernel's grid is one wave
-// of block slots whose blocks walk the slices.
-bool persistent_setting() {
-  static const bool on = env_switch("NIBBLE_DECODE_PERSISTENT");
-  return on;
 }
 
 // How the slices merge (decode_kernel's kClusterMerge or merge_kernel): NIBBLE_DECODE_MERGE=cluster or
@@ -556,15 +478,14 @@ void attention_decode(const Tensor& qkv, KvCacheLayer& cache, KvCacheDType cache
                      .part_ml = cluster ? nullptr : part_ml.data<float>(), .out = out.data<bf16>(),
                      .width = qkv.dim(1), .max_blocks = batch.block_tables.dim(1), .block_size = cache.k.dim(1),
                      .heads = static_cast<int>(Hq), .kv_heads = static_cast<int>(params.num_kv_heads),
-                     .group = static_cast<int>(Hq / params.num_kv_heads), .splits = splits, .slices = blocks,
+                     .group = static_cast<int>(Hq / params.num_kv_heads), .splits = splits,
                      .chunk_align = chunk_align(),
                      .q_scale = params.softmax_scale * (fp8 ? params.k_scale : 1.0f),
                      .logit_softcap = params.logit_softcap, .v_scale = fp8 ? params.v_scale : 1.0f,
                      .inv_freq = inv_freq != nullptr ? inv_freq->data<float>() : nullptr,
                      .positions = batch.positions.data<int32_t>(), .slot_mapping = batch.slot_mapping.data<int32_t>(),
                      .k_store = cache.k.raw(), .v_store = cache.v.raw(), .k_store_scale = params.k_scale,
-                     .v_store_scale = params.v_scale, .l2_prefetch = l2_prefetch_setting(),
-                     .persistent = !cluster && persistent_setting() && blocks > slots};
+                     .v_store_scale = params.v_scale};
   const dim3 grid(static_cast<unsigned>(splits), static_cast<unsigned>(params.num_kv_heads), static_cast<unsigned>(S));
   if (cluster) {
     const unsigned shape = static_cast<unsigned>(splits);
@@ -574,11 +495,10 @@ void attention_decode(const Tensor& qkv, KvCacheLayer& cache, KvCacheDType cache
       launch_kernel_with({cluster_shape(shape)}, decode_kernel<false, true>, grid, kThreads, 0, stream, a);
     return cuda_check(cudaGetLastError());
   }
-  const dim3 walk = a.persistent ? dim3(static_cast<unsigned>(slots)) : grid;
   if (fp8)
-    launch_kernel(decode_kernel<true, false>, walk, kThreads, 0, stream, a);
+    launch_kernel(decode_kernel<true, false>, grid, kThreads, 0, stream, a);
   else
-    launch_kernel(decode_kernel<false, false>, walk, kThreads, 0, stream, a);
+    launch_kernel(decode_kernel<false, false>, grid, kThreads, 0, stream, a);
   cuda_check(cudaGetLastError());
   launch_kernel(merge_kernel, dim3(static_cast<unsigned>(S), static_cast<unsigned>(Hq)), kHeadDim, 0, stream, a);
   cuda_check(cudaGetLastError());

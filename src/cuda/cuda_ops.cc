@@ -10,8 +10,6 @@
 #include "cuda/basic_ops.h"
 #include "cuda/cuda_check.h"
 #include "cuda/device.h"
-#include "cuda/env_setting.h"
-#include "cuda/l2_prefetch.h"
 #include "cuda/launch.h"
 #include "cuda/residual_norm_all_reduce.h"
 #include "cuda/sampling.h"
@@ -146,11 +144,6 @@ void CudaOps::sample(const Tensor& logits, const Tensor& temperatures, const Ten
   Tensor ids = Tensor::zeros(DType::kI32, {logits.dim(0)});
   Ops::sample(download(logits), download(temperatures), download(keys), ids);
   copy_to_device(ids, out);
-}
-
-void CudaOps::prefetch(const Tensor& t) {
-  static const bool on = env_switch("NIBBLE_PREFETCH_WEIGHTS");
-  if (on && t.numel() > 0) prefetch_l2(t.raw(), static_cast<int64_t>(t.nbytes()), stream_);
 }
 
 void CudaOps::linear(const Tensor& x, const Linear& w, Tensor& out, Communicator* row_group) {

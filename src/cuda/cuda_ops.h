@@ -56,9 +56,6 @@ class CudaOps final : public Ops {
                       const ForwardBatch& batch, const AttentionParams& params, Tensor& out) override;
   void attention(const Tensor& qkv, KvCacheLayer& cache, KvCacheDType cache_dtype, const ForwardBatch& batch,
                  const AttentionParams& params, Tensor& out) override;
-  // With NIBBLE_PREFETCH_WEIGHTS=1 (off until measured), bulk L2 prefetches from a small kernel
-  // (l2_prefetch.h); else nothing.
-  void prefetch(const Tensor& t) override;
   void moe(const Tensor& x, const MoeWeights& w, const MoeParams& params, Tensor& out) override;
 
   cudaStream_t stream() const { return stream_; }

@@ -96,13 +96,11 @@ Tensor Model::forward(const ForwardBatch& batch, KvCache& cache) {
 
     // h = pre_attn_norm(x), from the step before.
     ops_.linear(h, layer.attention.qkv_proj, qkv);
-    ops_.prefetch(layer.attention.o_proj.weight);  // streams in while the attention reads the cache
     ops_.rope_attention(qkv, c.rope_theta, cache.layers[i], cache.dtype, batch, attention, attn);
     ops_.linear(attn, layer.attention.o_proj, y, tp_group);
     reduce_add_norm(layer.post_attn_norm, layer.pre_moe_norm);
 
     ops_.moe(h, layer.moe, moe, y);
-    if (i + 1 < layers) ops_.prefetch(weights_.layers[i + 1].attention.qkv_proj.weight);  // during the norm
     reduce_add_norm(layer.post_moe_norm, i + 1 < layers ? weights_.layers[i + 1].pre_attn_norm : weights_.norm);
   }
   Tensor logits = ops_.empty(DType::kF32, {batch.logit_rows.dim(0), c.vocab_size});

@@ -139,9 +139,6 @@ class Ops {
   // as after rope then attention; qkv's q and k columns may be left rotated or not.
   virtual void rope_attention(Tensor& qkv, double theta, KvCacheLayer& cache, KvCacheDType cache_dtype,
                               const ForwardBatch& batch, const AttentionParams& params, Tensor& out);
-  // Asks the device's cache for t's bytes ahead of a later use (a weight): a hint, the results the same
-  // with it or without; by default (the CPU) nothing.
-  virtual void prefetch(const Tensor& /*t*/) {}
   // The whole MoE layer: route, experts (gate_up, activation · up, down), weighted combine. x (T, H)
   // in the activation dtype; out (T, H) F32 (y; under tensor parallelism a rank's partial sum) or in
   // the activation dtype.

@@ -14,7 +14,6 @@
 #include "cuda/cuda_check.h"
 #include "cuda/cuda_ops.h"
 #include "cuda/device.h"
-#include "cuda/l2_prefetch.h"
 #include "cuda/launch.h"
 #include "cuda/ptx.cuh"
 #include "gpu_test_util.h"
@@ -64,17 +63,12 @@ void chain_on_host(const ChainInputs& in, std::vector<float>& x) {
   }
 }
 
-// With `prefetched`, an L2 prefetch kernel of its bytes after every step (l2_prefetch.h): a kernel
-// between two dependent ones that reads nothing they write.
-void chain_on_device(cuda::CudaOps& ops, Tensor& x, const Tensor& y_f32, const Tensor& y_bf16,
-                     const Tensor* prefetched = nullptr) {
+void chain_on_device(cuda::CudaOps& ops, Tensor& x, const Tensor& y_f32, const Tensor& y_bf16) {
   for (int step = 0; step < kSteps; ++step) {
     if (step % 2 == 1)
       ops.scale(x, kFactor);
     else
       ops.add(x, step % 4 == 0 ? y_f32 : y_bf16);
-    if (prefetched != nullptr)
-      cuda::prefetch_l2(prefetched->raw(), static_cast<int64_t>(prefetched->nbytes()), ops.stream());
   }
 }
 
@@ -116,27 +110,6 @@ TEST(Pdl, ChainOfDependentOpsMatchesHost) {
                                           << (replay == Replay::kEager ? "eager" : "graph");
       }
   }
-}
-
-// The chain with an L2 prefetch kernel after every op (PDL on, eagerly and from a graph): the prefetch
-// kernel waits on the op before it, so the op after it still reads a finished x.
-TEST(Pdl, ChainWithL2PrefetchesMatchesHost) {
-  SKIP_WITHOUT_GPU();
-  constexpr int64_t n = int64_t{1} << 20;
-  const ChainInputs in = chain_inputs(n);
-  std::vector<float> want;
-  chain_on_host(in, want);
-  cuda::CudaOps ops;
-  const Tensor y_f32 = cuda::upload(in.y_f32), y_bf16 = cuda::upload(in.y_bf16);
-  const Tensor weights = cuda::upload(testing::random_f32({int64_t{16} << 20}, 3));  // 64 MiB
-  PdlScope scope(cuda::Pdl::kOn);
-  Tensor x = cuda::upload(in.x0);
-  chain_on_device(ops, x, y_f32, y_bf16, &weights);
-  EXPECT_EQ(mismatches(want, x), 0) << "eager";
-  auto graph = ops.record([&] { chain_on_device(ops, x, y_f32, y_bf16, &weights); });
-  cuda::copy_to_device(in.x0, x);
-  graph->replay();
-  EXPECT_EQ(mismatches(want, x), 0) << "graph";
 }
 
 __device__ inline uint64_t global_ns() {
