@@ -98,17 +98,13 @@ __device__ inline void append_new_kv(const DecodeArgs& a, int s, int kh, const f
 // registers, 2 blocks an SM) 47.3 / 38.8; FP8 tiles through each warp's shared memory by cp.async a
 // tile ahead, the block-table slots two ahead, 38.2 / 32.8; the slots two ahead alone 41.3 / 32.0; V
 // as one 16-byte load a key (a quarter of the load instructions) and no predicated loads 40.3 / 34.7.
+// Sixteenth session: registers bounded to 128 (4 blocks an SM, 104 bytes of spills) 45.6 / 33.9 against
+// 39.9 / 31.5.
 // Sixteenth session, against 42.4 / 33.8 in that call: each block's slice asked of L2 before the grid
 // dependency wait 53.5 / 41.1; one wave of persistent blocks walking the slices 41.2 / 34.4, with the
 // next slice asked of L2 47.4 / 41.6 (the engine, Mixtral b32: 10.02 against 9.78 ms a step).
-// NIBBLE_DECODE_MIN_BLOCKS (a compile-time experiment, -DNIBBLE_DECODE_MIN_BLOCKS=4): the FP8 kernel's
-// registers bounded so that this many blocks fit an SM (1: as the compiler likes, 159 registers, 3).
-#ifndef NIBBLE_DECODE_MIN_BLOCKS
-#define NIBBLE_DECODE_MIN_BLOCKS 1
-#endif
 template <bool kFp8, bool kClusterMerge>
-__global__ void __launch_bounds__(kThreads, kFp8 ? NIBBLE_DECODE_MIN_BLOCKS : 1)
-    decode_kernel(const __grid_constant__ DecodeArgs a) {
+__global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant__ DecodeArgs a) {
   constexpr int kElemBytes = kFp8 ? 1 : 2;
   __shared__ float m_w[kWarps][kMaxGroup], l_w[kWarps][kMaxGroup];
   __shared__ float acc_w[kWarps][kMaxGroup][kHeadDim];
