@@ -11,6 +11,7 @@
 
 #include "cuda/activation.cuh"
 #include "cuda/cuda_check.h"
+#include "cuda/device.h"
 #include "cuda/env_setting.h"
 #include "cuda/fp8_rows.cuh"
 #include "cuda/launch.h"
@@ -234,7 +235,11 @@ __global__ void __launch_bounds__(kActRowThreads) activation_rows_kernel(const _
 }
 
 // Which activation kernel a call takes: ActivationArgs::kernel, else NIBBLE_ACTIVATION (cluster or
-// rows), else the row kernel where it takes the row (I up to 16384).
+// rows), else the cluster kernel where its grid (kActCluster blocks a row) is at most one block an SM
+// or the row kernel cannot take the row (I above 16384), the row kernel above. With few rows the row
+// kernel leaves most SMs idle and each row's reads wait on one SM. Measured on an H200 (bench/RESULTS.md,
+// sixteenth session, Mixtral-8x7B W4A8 decode, ms a step, rows / cluster): batch 1 (2 rows) 3.66 /
+// 3.60, batch 32 (64 rows) 9.62 / 9.75.
 ActivationKernel activation_kernel_for(const ActivationArgs& p) {
   static const ActivationKernel setting = [] {
     const std::string name = env_choice("NIBBLE_ACTIVATION", {"cluster", "rows"});
@@ -244,7 +249,8 @@ ActivationKernel activation_kernel_for(const ActivationArgs& p) {
   const ActivationKernel chosen = p.kernel != ActivationKernel::kAuto ? p.kernel : setting;
   const bool rows_take_it = p.intermediate / 8 <= kActRowMaxUnits;
   if (chosen == ActivationKernel::kCluster || !rows_take_it) return ActivationKernel::kCluster;
-  return ActivationKernel::kRows;
+  if (chosen == ActivationKernel::kRows) return ActivationKernel::kRows;
+  return p.rows * kActCluster <= multiprocessor_count() ? ActivationKernel::kCluster : ActivationKernel::kRows;
 }
 
 }  // namespace

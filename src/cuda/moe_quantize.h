@@ -37,8 +37,8 @@ struct QuantizeRowsArgs {
 void quantize_rows_fp8(const QuantizeRowsArgs& args, cudaStream_t stream);
 
 // The activation kernel: a cluster of blocks a row staging it in shared memory, or one block a row
-// holding it in registers (I up to 16384); kAuto: NIBBLE_ACTIVATION, else the row kernel where it
-// takes the row.
+// holding it in registers (I up to 16384); kAuto: NIBBLE_ACTIVATION, else the cluster kernel for rows
+// whose clusters fit one block an SM and the row kernel for more (where it takes the row).
 enum class ActivationKernel : uint8_t { kAuto, kCluster, kRows };
 
 struct ActivationArgs {
