@@ -1,7 +1,7 @@
 // Embedding, RMSNorm (alone or after the residual add), residual add, scale and rotary embedding
 // kernels: fp32 math, the F32 residual stream and BF16 activations of ops.h. Built for decode latency
 // (a few hundred KB an op): every thread moves 16-byte vectors of 8 elements, RMSNorm keeps its row in
-// registers and reads it once, RoPE runs one thread per 8 rotated pairs of a head. The arithmetic is
+// registers and reads it once (row_norm.cuh), RoPE runs one thread per 8 rotated pairs of a head. The arithmetic is
 // the CPU twins' (src/cpu).
 #include <cuda_bf16.h>
 
@@ -13,6 +13,7 @@
 #include "cuda/launch.h"
 #include "cuda/ptx.cuh"
 #include "cuda/rope.cuh"
+#include "cuda/row_norm.cuh"
 #include "cuda/vec8.cuh"
 
 namespace nibble::cuda {
@@ -69,26 +70,17 @@ __global__ void __launch_bounds__(512) rms_norm_kernel(const float* x, const Y* 
         for (int j = 0; j < kVec; ++j) v[u][j] += add[j];
         store8(x_sum + blockIdx.x * hidden + unit * kVec, v[u]);
       }
-#pragma unroll
-      for (int j = 0; j < kVec; ++j) sum += v[u][j] * v[u][j];
+      sum = add_squares(sum, v[u]);
     }
   }
-#pragma unroll
-  for (int o = 16; o > 0; o /= 2) sum += __shfl_xor_sync(0xFFFFFFFFu, sum, o);
-  if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = sum;
-  __syncthreads();
-  float total = 0.0f;  // every thread adds the warps' sums in the same order: one value for all
-  for (int w = 0; w < static_cast<int>(blockDim.x / 32); ++w) total += warp_sums[w];
-  const float inv = 1.0f / sqrtf(total / static_cast<float>(hidden) + eps);
+  const float inv = inverse_rms(block_sum(sum, warp_sums), hidden, eps);
   bf16* out_row = out + blockIdx.x * hidden;
 #pragma unroll
   for (int u = 0; u < kUnits; ++u) {
     const int64_t unit = u * static_cast<int64_t>(blockDim.x) + threadIdx.x;
     if (unit < units) {
       float w[kVec];
-      unpack8(w_raw[u], w);
-#pragma unroll
-      for (int j = 0; j < kVec; ++j) w[j] = v[u][j] * inv * w[j];
+      scale_unit(v[u], inv, w_raw[u], w);
       store8(out_row + unit * kVec, w);
     }
   }
@@ -158,7 +150,7 @@ void launch_norm(const Tensor& x, const Tensor* y, const Tensor& weight, float e
   expect(weight, DType::kBF16, {-1}, "rms_norm weight");
   expect(x, DType::kF32, {-1, weight.dim(0)}, "rms_norm input");
   expect(out, DType::kBF16, x.shape(), "rms_norm output");
-  const int64_t H = x.dim(1), units = H / kVec;
+  const int64_t H = x.dim(1);
   check(H > 0 && H % kVec == 0 && aligned16(x.raw()) && aligned16(weight.raw()) && aligned16(out.raw()),
         "rms_norm: hidden size ", H, " is not a multiple of ", kVec, " or a tensor is not 16-byte aligned");
   if (y != nullptr) {
@@ -167,20 +159,14 @@ void launch_norm(const Tensor& x, const Tensor* y, const Tensor& weight, float e
     expect(*y, y->dtype(), x.shape(), "add_rms_norm y");
     check(aligned16(y->raw()), "add_rms_norm: y is not 16-byte aligned");
   }
-  // 256 threads (fewer for a small row) holding up to 8 units each: H <= 16384; 512 threads above.
-  int threads = static_cast<int>(std::min<int64_t>(256, (units + 31) / 32 * 32));
-  if (units > int64_t{256} * 8) threads = 512;
-  const int64_t per_thread = (units + threads - 1) / threads;
-  check(per_thread <= 8, "rms_norm: hidden size ", H, " is larger than ", 512 * 8 * kVec);
+  const RowNormShape shape = row_norm_shape(H);
   if (x.dim(0) == 0) return;
-  if (per_thread <= 1)
-    launch_rms_norm<1>(x, y, weight, eps, out, threads, stream);
-  else if (per_thread <= 2)
-    launch_rms_norm<2>(x, y, weight, eps, out, threads, stream);
-  else if (per_thread <= 4)
-    launch_rms_norm<4>(x, y, weight, eps, out, threads, stream);
-  else
-    launch_rms_norm<8>(x, y, weight, eps, out, threads, stream);
+  switch (shape.units_per_thread) {
+    case 1: launch_rms_norm<1>(x, y, weight, eps, out, shape.threads, stream); break;
+    case 2: launch_rms_norm<2>(x, y, weight, eps, out, shape.threads, stream); break;
+    case 4: launch_rms_norm<4>(x, y, weight, eps, out, shape.threads, stream); break;
+    default: launch_rms_norm<8>(x, y, weight, eps, out, shape.threads, stream); break;
+  }
   cuda_check(cudaGetLastError());
 }
 

@@ -24,6 +24,7 @@
 #include "cuda/launch.h"
 #include "cuda/p2p_all_reduce.h"
 #include "cuda/ptx.cuh"
+#include "cuda/row_norm.cuh"
 #include "cuda/vec8.cuh"
 
 namespace nibble::cuda {
@@ -245,19 +246,6 @@ __device__ inline void sum8(const P2pParams& p, std::size_t half_offset, int64_t
   }
 }
 
-// The block's sum of `part` over its threads, in the order rms_norm_kernel (basic_ops.cu) adds: a
-// butterfly in each warp, then the warps in order by every thread. warp_sums is free again on return.
-__device__ inline float block_sum_in_order(float part, float* warp_sums) {
-#pragma unroll
-  for (int o = 16; o > 0; o /= 2) part += __shfl_xor_sync(0xFFFFFFFFu, part, o);
-  if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = part;
-  __syncthreads();
-  float total = 0.0f;
-  for (int w = 0; w < static_cast<int>(blockDim.x / 32); ++w) total += warp_sums[w];
-  __syncthreads();  // every thread has read warp_sums
-  return total;
-}
-
 // The sum, then the residual add and RMSNorm (P2pAllReduce::reduce_add_rms_norm). Block b takes rows
 // b, b + grid, ... on every rank: it stages them, exchanges flags like the plain kernel, then adds each
 // row's sum (normalized first with the post-norm weights, when given, and rounded to BF16 as rms_norm's
@@ -273,7 +261,6 @@ __global__ void __launch_bounds__(kThreads)
   const uint64_t epoch = start_call(p, &aborted);
   const std::size_t half_offset = (epoch % 2) * kP2pMaxBytes;
   const int64_t units = n.cols / 8;
-  const auto cols = static_cast<float>(n.cols);
 
   const float* y = static_cast<const float*>(p.x);
   float* mine = reinterpret_cast<float*>(p.staging[p.rank] + half_offset);
@@ -297,19 +284,12 @@ __global__ void __launch_bounds__(kThreads)
       float squares = 0.0f;
 #pragma unroll
       for (int u = 0; u < kUnits; ++u)
-        if (u * static_cast<int64_t>(blockDim.x) + threadIdx.x < units)
-#pragma unroll
-          for (int j = 0; j < 8; ++j) squares += add[u][j] * add[u][j];
-      const float inv = 1.0f / sqrtf(block_sum_in_order(squares, warp_sums) / cols + n.eps);
+        if (u * static_cast<int64_t>(blockDim.x) + threadIdx.x < units) squares = add_squares(squares, add[u]);
+      const float inv = inverse_rms(block_sum(squares, warp_sums), n.cols, n.eps);
 #pragma unroll
       for (int u = 0; u < kUnits; ++u) {
         const int64_t unit = u * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-        if (unit < units) {
-          float w[8];
-          unpack8(*reinterpret_cast<const uint4*>(post_weight + unit * 8), w);
-#pragma unroll
-          for (int j = 0; j < 8; ++j) add[u][j] = __bfloat162float(__float2bfloat16_rn(add[u][j] * inv * w[j]));
-        }
+        if (unit < units) scale_unit_bf16(add[u], inv, *reinterpret_cast<const uint4*>(post_weight + unit * 8));
       }
     }
     float v[kUnits][8];
@@ -324,20 +304,17 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
         for (int j = 0; j < 8; ++j) v[u][j] += add[u][j];
         store8(x + unit * 8, v[u]);
-#pragma unroll
-        for (int j = 0; j < 8; ++j) squares += v[u][j] * v[u][j];
+        squares = add_squares(squares, v[u]);
       }
     }
-    const float inv = 1.0f / sqrtf(block_sum_in_order(squares, warp_sums) / cols + n.eps);
+    const float inv = inverse_rms(block_sum(squares, warp_sums), n.cols, n.eps);
     auto* out = static_cast<__nv_bfloat16*>(n.out) + row * n.cols;
 #pragma unroll
     for (int u = 0; u < kUnits; ++u) {
       const int64_t unit = u * static_cast<int64_t>(blockDim.x) + threadIdx.x;
       if (unit < units) {
         float w[8];
-        unpack8(w_raw[u], w);
-#pragma unroll
-        for (int j = 0; j < 8; ++j) w[j] = v[u][j] * inv * w[j];
+        scale_unit(v[u], inv, w_raw[u], w);
         store8(out + unit * 8, w);
       }
     }
@@ -351,16 +328,14 @@ void launch_p2p_all_reduce_add_rms_norm(const P2pParams& params, const P2pNormAr
                                         cudaStream_t stream) {
   check(grid >= 1 && grid <= kP2pMaxBlocks && params.size >= 2 && params.size <= kP2pMaxRanks,
         "peer-to-peer all-reduce: grid ", grid, ", ", params.size, " ranks");
-  // rms_norm's block (basic_ops.cu launch_norm): 256 threads (fewer for a short row) holding up to 8
-  // units each, 512 above 2048 units.
-  const int64_t units = norm.cols / 8;
-  int threads = static_cast<int>(std::min<int64_t>(256, (units + 31) / 32 * 32));
-  if (units > int64_t{256} * 8) threads = 512;
-  const int64_t per_thread = (units + threads - 1) / threads;
-  check(norm.cols % 8 == 0 && per_thread <= 4, "peer-to-peer all-reduce + norm: ", norm.cols, " columns");
-  if (per_thread <= 1)
+  // rms_norm's block (row_norm.cuh).
+  check(norm.cols % 8 == 0, "peer-to-peer all-reduce + norm: ", norm.cols, " columns");
+  const RowNormShape shape = row_norm_shape(norm.cols);
+  check(shape.units_per_thread <= 4, "peer-to-peer all-reduce + norm: ", norm.cols, " columns");
+  const int threads = shape.threads;
+  if (shape.units_per_thread == 1)
     launch_kernel(p2p_all_reduce_add_rms_norm_kernel<1>, grid, threads, 0, stream, params, norm);
-  else if (per_thread <= 2)
+  else if (shape.units_per_thread == 2)
     launch_kernel(p2p_all_reduce_add_rms_norm_kernel<2>, grid, threads, 0, stream, params, norm);
   else
     launch_kernel(p2p_all_reduce_add_rms_norm_kernel<4>, grid, threads, 0, stream, params, norm);

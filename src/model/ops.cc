@@ -64,9 +64,22 @@ void Ops::add_rms_norm(Tensor& x, const Tensor& y, const Tensor& weight, float e
 void Ops::all_reduce_add_rms_norm(Communicator& group, Tensor& y, Tensor& x, const Tensor* post_weight,
                                   const Tensor& weight, float eps, Tensor& out) {
   group.all_reduce_sum(y);
+  reduce_add_rms_norm(nullptr, y, x, post_weight, weight, eps, out);
+}
+
+void Ops::reduce_add_rms_norm(Communicator* group, Tensor& y, Tensor& x, const Tensor* post_weight,
+                              const Tensor& weight, float eps, Tensor& out) {
+  if (group != nullptr) return all_reduce_add_rms_norm(*group, y, x, post_weight, weight, eps, out);
   if (post_weight == nullptr) return add_rms_norm(x, y, weight, eps, out);
   rms_norm(y, *post_weight, eps, out);
   add_rms_norm(x, out, weight, eps, out);
+}
+
+void Ops::moe_add_rms_norm(const Tensor& in, const MoeWeights& w, const MoeParams& params, Communicator* group,
+                           Tensor& y, Tensor& x, const Tensor* post_weight, const Tensor& weight, float eps,
+                           Tensor& out) {
+  moe(in, w, params, y);
+  reduce_add_rms_norm(group, y, x, post_weight, weight, eps, out);
 }
 
 void Ops::rope_attention(Tensor& qkv, double theta, KvCacheLayer& cache, KvCacheDType cache_dtype,
