@@ -10,7 +10,6 @@
 #include "cuda/basic_ops.h"
 #include "cuda/cuda_check.h"
 #include "cuda/device.h"
-#include "cuda/env_setting.h"
 #include "cuda/launch.h"
 #include "cuda/residual_norm_all_reduce.h"
 #include "cuda/sampling.h"
@@ -190,29 +189,6 @@ void CudaOps::attention(const Tensor& qkv, KvCacheLayer& cache, KvCacheDType cac
 void CudaOps::moe(const Tensor& x, const MoeWeights& w, const MoeParams& params, Tensor& out) {
   const PlainLaunches plain(plain_site("moe"));
   if (w.experts.format == WeightFormat::kBf16) return moe_bf16(x, w, params, moe_bf16_ws_, out, cublas_, stream_);
-  moe_w4a8_layer(x, w, params, out, nullptr);
-}
-
-namespace {
-// NIBBLE_MOE_FUSED_NORM=0 keeps the combine and the residual add + norms in kernels of their own.
-bool moe_fused_norm_setting() {
-  static const bool fused = env_choice("NIBBLE_MOE_FUSED_NORM", {"0", "1"}) != "0";
-  return fused;
-}
-}  // namespace
-
-void CudaOps::moe_add_rms_norm(const Tensor& in, const MoeWeights& w, const MoeParams& params, Communicator* group,
-                               Tensor& y, Tensor& x, const Tensor* post_weight, const Tensor& weight, float eps,
-                               Tensor& out) {
-  if (group != nullptr || w.experts.format == WeightFormat::kBf16 || !moe_fused_norm_setting())
-    return Ops::moe_add_rms_norm(in, w, params, group, y, x, post_weight, weight, eps, out);
-  const PlainLaunches plain(plain_site("moe"));
-  const MoeResidualNorm then{.residual = &x, .post_weight = post_weight, .weight = &weight, .eps = eps, .out = &out};
-  moe_w4a8_layer(in, w, params, y, &then);
-}
-
-void CudaOps::moe_w4a8_layer(const Tensor& x, const MoeWeights& w, const MoeParams& params, Tensor& out,
-                             const MoeResidualNorm* then) {
   const MoeWeightsW4A8 weights{.format = w.experts.format == WeightFormat::kFp8 ? ExpertWeightFormat::kFp8
                                                                                 : ExpertWeightFormat::kInt4,
                                .num_experts = w.experts.num_experts, .hidden_size = w.experts.hidden_size,
@@ -228,7 +204,7 @@ void CudaOps::moe_w4a8_layer(const Tensor& x, const MoeWeights& w, const MoePara
     }
     moe_ws_ = std::make_unique<MoeWorkspace>(weights, std::max<int64_t>(x.dim(0), 64), params.top_k);
   }
-  moe_w4a8(x, weights, params, *moe_ws_, out, stream_, MoePath::kAuto, then);
+  moe_w4a8(x, weights, params, *moe_ws_, out, stream_);
 }
 
 }  // namespace nibble::cuda

@@ -57,11 +57,6 @@ class CudaOps final : public Ops {
   void attention(const Tensor& qkv, KvCacheLayer& cache, KvCacheDType cache_dtype, const ForwardBatch& batch,
                  const AttentionParams& params, Tensor& out) override;
   void moe(const Tensor& x, const MoeWeights& w, const MoeParams& params, Tensor& out) override;
-  // On one GPU with INT4 or FP8 experts, the combine, residual add and norms in one kernel on the decode
-  // path (moe_w4a8's MoeResidualNorm) unless NIBBLE_MOE_FUSED_NORM=0; else as Ops does.
-  void moe_add_rms_norm(const Tensor& in, const MoeWeights& w, const MoeParams& params, Communicator* group,
-                        Tensor& y, Tensor& x, const Tensor* post_weight, const Tensor& weight, float eps,
-                        Tensor& out) override;
 
   cudaStream_t stream() const { return stream_; }
 
@@ -73,9 +68,6 @@ class CudaOps final : public Ops {
   LinearWorkspace linear_ws_;
   // RoPE's inverse frequencies for (theta, head_dim), uploaded once.
   const Tensor& inv_freq(double theta, int64_t head_dim);
-  // The INT4 / FP8 experts' MoE layer (moe_w4a8), with what follows it when `then` says.
-  void moe_w4a8_layer(const Tensor& x, const MoeWeights& w, const MoeParams& params, Tensor& out,
-                      const MoeResidualNorm* then);
   std::map<std::pair<double, int64_t>, Tensor> inv_freq_;  // (theta, head_dim) -> F32 (head_dim / 2)
   std::unique_ptr<MoeWorkspace> moe_ws_;
   MoeBf16Workspace moe_bf16_ws_;

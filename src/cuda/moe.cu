@@ -5,7 +5,6 @@
 #include <cstdlib>
 #include <string_view>
 
-#include "cuda/basic_ops.h"
 #include "cuda/cuda_check.h"
 #include "cuda/device.h"
 #include "cuda/env_setting.h"
@@ -110,7 +109,7 @@ MoeWorkspace::MoeWorkspace(const MoeWeightsW4A8& w, int64_t tokens, int64_t k, P
 MoeWorkspace::~MoeWorkspace() = default;
 
 void moe_w4a8(const Tensor& x, const MoeWeightsW4A8& w, const MoeParams& params, MoeWorkspace& ws, Tensor& out,
-              cudaStream_t stream, MoePath path, const MoeResidualNorm* then) {
+              cudaStream_t stream, MoePath path) {
   const int64_t T = x.dim(0), H = w.hidden_size, I = w.intermediate_size, E = w.num_experts, K = params.top_k;
   expect(x, DType::kBF16, {-1, H}, "moe_w4a8 input");
   check(out.dtype() == DType::kBF16 || out.dtype() == DType::kF32, "moe_w4a8 output ", out.describe(),
@@ -118,13 +117,6 @@ void moe_w4a8(const Tensor& x, const MoeWeightsW4A8& w, const MoeParams& params,
   expect(out, out.dtype(), {T, H}, "moe_w4a8 output");
   check(T <= ws.max_tokens && K == ws.top_k, "moe_w4a8: ", T, " tokens, top-k ", K, " do not fit a workspace for ",
         ws.max_tokens, " tokens, top-k ", ws.top_k);
-  if (then != nullptr) {
-    check(out.dtype() == DType::kF32, "moe_w4a8: the residual add needs an F32 output, not ", out.describe());
-    expect(*then->weight, DType::kBF16, {H}, "moe_w4a8 norm weight");
-    if (then->post_weight != nullptr) expect(*then->post_weight, DType::kBF16, {H}, "moe_w4a8 post-norm weight");
-    expect(*then->residual, DType::kF32, {T, H}, "moe_w4a8 residual");
-    expect(*then->out, DType::kBF16, {T, H}, "moe_w4a8 norm output");
-  }
   if (T == 0) return;
   const int64_t rows = T * K, slots = std::min(E, rows);
   const RouteArgs route{.x = x.raw(), .router = w.router.raw(), .logits = ws.router_logits.data<float>(),
@@ -139,11 +131,7 @@ void moe_w4a8(const Tensor& x, const MoeWeightsW4A8& w, const MoeParams& params,
   if (takes_prefill_path(path, T, K, E, stream)) {
     route_and_group(route, group, stream);
     if (!ws.prefill) ws.prefill = std::make_unique<MoePrefillWorkspace>(E, H, I, ws.max_tokens, K, ws.prefill_options);
-    moe_prefill(x, w, params, ws, out, stream);
-    if (then == nullptr) return;
-    if (then->post_weight == nullptr) return add_rms_norm(*then->residual, out, *then->weight, then->eps, *then->out, stream);
-    rms_norm(out, *then->post_weight, then->eps, *then->out, stream);
-    return add_rms_norm(*then->residual, *then->out, *then->weight, then->eps, *then->out, stream);
+    return moe_prefill(x, w, params, ws, out, stream);
   }
   // x to FP8 for gate_up. Its wgmma tiles read x in routed order, which the routing must settle first;
   // its mma.sync tiles read through sorted_tokens, so the routing launch can quantize too.
@@ -183,15 +171,10 @@ void moe_w4a8(const Tensor& x, const MoeWeightsW4A8& w, const MoeParams& params,
                  .max_rows = rows, .num_experts = E, .n = H, .k = I, .expert_slots = slots, .splits = down_splits,
                  .routing_settled = true},
                 stream);
-  const CombineArgs combine{.down = ws.down_out.data<float>(), .row_pos = ws.row_pos.data<int32_t>(),
-                            .topk_weights = ws.topk_weights.data<float>(), .out = out.raw(), .out_dtype = out.dtype(),
-                            .tokens = T, .top_k = K, .hidden = H, .splits = down_splits, .max_rows = rows};
-  if (then == nullptr) return moe_combine(combine, stream);
-  moe_combine_add_rms_norm(combine,
-                           {.residual = then->residual->data<float>(),
-                            .post_weight = then->post_weight != nullptr ? then->post_weight->raw() : nullptr,
-                            .weight = then->weight->raw(), .eps = then->eps, .out = then->out->raw()},
-                           stream);
+  moe_combine({.down = ws.down_out.data<float>(), .row_pos = ws.row_pos.data<int32_t>(),
+               .topk_weights = ws.topk_weights.data<float>(), .out = out.raw(), .out_dtype = out.dtype(),
+               .tokens = T, .top_k = K, .hidden = H, .splits = down_splits, .max_rows = rows},
+              stream);
 }
 
 }  // namespace nibble::cuda

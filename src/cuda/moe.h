@@ -74,22 +74,9 @@ struct MoeWorkspace {
 // and the stream is not being captured, else the decode path. Tests force one or the other.
 enum class MoePath : uint8_t { kAuto, kDecode, kPrefill };
 
-// What follows the MoE on one GPU (Ops::moe_add_rms_norm without a group): residual (T, H) F32 +=
-// the MoE's output, normalized first with post_weight (BF16 (H)) when there is one, then out (T, H)
-// BF16 = rms_norm(residual, weight (BF16 (H)), eps).
-struct MoeResidualNorm {
-  Tensor* residual;
-  const Tensor* post_weight;
-  const Tensor* weight;
-  float eps;
-  Tensor* out;
-};
-
 // out (T, H) = MoE(x (T, H) BF16): BF16, or F32 (a tensor-parallel rank's partial sum, summed over
-// the ranks before it is rounded). T <= workspace.max_tokens(). With `then`, what it states follows:
-// on the decode path fused into the combine (out F32 is then not written), on the prefill path after
-// it (out F32).
+// the ranks before it is rounded). T <= workspace.max_tokens().
 void moe_w4a8(const Tensor& x, const MoeWeightsW4A8& w, const MoeParams& params, MoeWorkspace& ws,
-              Tensor& out, cudaStream_t stream, MoePath path = MoePath::kAuto, const MoeResidualNorm* then = nullptr);
+              Tensor& out, cudaStream_t stream, MoePath path = MoePath::kAuto);
 
 }  // namespace nibble::cuda

@@ -1,17 +1,12 @@
-// Weighted combine: out[t] (BF16 or F32) = Σ_k weight[t, k] · Σ_split down[split][row_pos[t, k]] (alone,
-// or fused with the residual add and norms after it);
+// Weighted combine: out[t] (BF16 or F32) = Σ_k weight[t, k] · Σ_split down[split][row_pos[t, k]];
 // and the prefill path's windowed form with the activation and weight scales applied here. Each
 // kernel is instantiated for a BF16 output (one GPU) and an F32 one (a tensor-parallel partial sum).
 #include <cuda_bf16.h>
-
-#include <cstdint>
 
 #include "cuda/cuda_check.h"
 #include "cuda/launch.h"
 #include "cuda/moe_combine.h"
 #include "cuda/ptx.cuh"
-#include "cuda/row_norm.cuh"
-#include "cuda/vec8.cuh"
 
 namespace nibble::cuda {
 namespace {
@@ -28,6 +23,10 @@ __device__ inline void store4(float* out, float4 v) { *reinterpret_cast<float4*>
 
 // One warp a block, so that a single token (decode: a few MB of split partials) still spreads over
 // H / 128 SMs; the split loop unrolled to keep several 16-byte loads in flight.
+// Measured and not kept (bench/RESULTS.md, sixteenth session): this combine fused with the residual
+// add and the next RMSNorm as one block a token (rms_norm_kernel's layout, the same bits as the steps),
+// Mixtral-8x7B W4A8 decode 3.67 against 3.59 ms a step at batch 1 and 9.69 against 9.64 at batch 32:
+// a token's split partials read by one SM cost more than the launch it saves.
 constexpr int kCombineThreads = 32;
 
 // Grid (T, H / 128): each thread sums 4 consecutive columns over the top-k rows and the K splits
@@ -50,84 +49,6 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(const __grid_c
     }
   }
   store4(static_cast<Out*>(p.out) + t * p.hidden + 4 * h4, sum);
-}
-
-// One block a token, laid out as rms_norm_kernel (row_norm.cuh): thread i combines units i, i +
-// blockDim, ... of the token's row (combine_kernel's sums, in its order) into registers, then the
-// post-norm (kPost), the residual add and the norm.
-template <int kUnits, bool kPost>
-__global__ void __launch_bounds__(512)
-    combine_add_rms_norm_kernel(const __grid_constant__ CombineArgs p, const __grid_constant__ CombineNormArgs n) {
-  __shared__ float warp_sums[32];
-  ptx::grid_dependency_wait();
-  ptx::launch_dependents();
-  const int64_t t = blockIdx.x, H = p.hidden, units = H / kVec;
-  const auto* weight = static_cast<const __nv_bfloat16*>(n.weight);
-  const auto* post_weight = static_cast<const __nv_bfloat16*>(n.post_weight);
-  float* x = n.residual + t * H;
-  float v[kUnits][kVec];
-  uint4 w_raw[kUnits] = {}, post_raw[kUnits] = {};
-#pragma unroll
-  for (int u = 0; u < kUnits; ++u) {
-    const int64_t unit = u * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-    if (unit >= units) continue;
-    w_raw[u] = *reinterpret_cast<const uint4*>(weight + unit * kVec);
-    if constexpr (kPost) post_raw[u] = *reinterpret_cast<const uint4*>(post_weight + unit * kVec);
-#pragma unroll
-    for (int j = 0; j < kVec; ++j) v[u][j] = 0.0f;
-    for (int64_t k = 0; k < p.top_k; ++k) {
-      const int64_t row = p.row_pos[t * p.top_k + k];
-      const float w = p.topk_weights[t * p.top_k + k];
-#pragma unroll 4
-      for (int64_t s = 0; s < p.splits; ++s) {
-        float d[kVec];
-        load8(p.down + (s * p.max_rows + row) * H + unit * kVec, d);
-#pragma unroll
-        for (int j = 0; j < kVec; ++j) v[u][j] = __fmaf_rn(w, d[j], v[u][j]);
-      }
-    }
-  }
-  if constexpr (kPost) {  // rms_norm(y) · post_weight, rounded to BF16
-    float squares = 0.0f;
-#pragma unroll
-    for (int u = 0; u < kUnits; ++u)
-      if (u * static_cast<int64_t>(blockDim.x) + threadIdx.x < units) squares = add_squares(squares, v[u]);
-    const float inv = inverse_rms(block_sum(squares, warp_sums), H, n.eps);
-#pragma unroll
-    for (int u = 0; u < kUnits; ++u)
-      if (u * static_cast<int64_t>(blockDim.x) + threadIdx.x < units) scale_unit_bf16(v[u], inv, post_raw[u]);
-  }
-  float squares = 0.0f;
-#pragma unroll
-  for (int u = 0; u < kUnits; ++u) {
-    const int64_t unit = u * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-    if (unit >= units) continue;
-    float r[kVec];
-    load8(x + unit * kVec, r);
-#pragma unroll
-    for (int j = 0; j < kVec; ++j) v[u][j] = r[j] + v[u][j];
-    store8(x + unit * kVec, v[u]);
-    squares = add_squares(squares, v[u]);
-  }
-  const float inv = inverse_rms(block_sum(squares, warp_sums), H, n.eps);
-  auto* out = static_cast<__nv_bfloat16*>(n.out) + t * H;
-#pragma unroll
-  for (int u = 0; u < kUnits; ++u) {
-    const int64_t unit = u * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-    if (unit >= units) continue;
-    float o[kVec];
-    scale_unit(v[u], inv, w_raw[u], o);
-    store8(out + unit * kVec, o);
-  }
-}
-
-template <int kUnits>
-void launch_combine_norm(const CombineArgs& p, const CombineNormArgs& n, int threads, cudaStream_t stream) {
-  const auto blocks = static_cast<unsigned>(p.tokens);
-  if (n.post_weight != nullptr)
-    launch_kernel(combine_add_rms_norm_kernel<kUnits, true>, blocks, threads, 0, stream, p, n);
-  else
-    launch_kernel(combine_add_rms_norm_kernel<kUnits, false>, blocks, threads, 0, stream, p, n);
 }
 
 // Elements i .. i + 3 of the window's product (F32 or BF16).
@@ -189,23 +110,6 @@ void moe_combine_rows(const CombineRowsArgs& p, cudaStream_t stream) {
       break;
     default:
       fail("moe_combine_rows: the output must be BF16 or F32, not ", dtype_name(p.out_dtype));
-  }
-  cuda_check(cudaGetLastError());
-}
-
-void moe_combine_add_rms_norm(const CombineArgs& p, const CombineNormArgs& n, cudaStream_t stream) {
-  if (p.tokens == 0) return;
-  const auto aligned = [](const void* ptr) { return reinterpret_cast<std::uintptr_t>(ptr) % 16 == 0; };
-  check(p.hidden % kVec == 0 && aligned(p.down) && aligned(n.residual) && aligned(n.weight) && aligned(n.out) &&
-            (n.post_weight == nullptr || aligned(n.post_weight)),
-        "moe_combine_add_rms_norm: hidden size ", p.hidden, " is not a multiple of ", kVec,
-        " or a tensor is not 16-byte aligned");
-  const RowNormShape shape = row_norm_shape(p.hidden);
-  switch (shape.units_per_thread) {
-    case 1: launch_combine_norm<1>(p, n, shape.threads, stream); break;
-    case 2: launch_combine_norm<2>(p, n, shape.threads, stream); break;
-    case 4: launch_combine_norm<4>(p, n, shape.threads, stream); break;
-    default: launch_combine_norm<8>(p, n, shape.threads, stream); break;
   }
   cuda_check(cudaGetLastError());
 }

@@ -26,21 +26,6 @@ struct CombineArgs {
 
 void moe_combine(const CombineArgs& args, cudaStream_t stream);
 
-// What follows the MoE on one GPU, fused into the decode path's combine: x (T, H) F32 += the token's
-// combined row (first normalized with post_weight and rounded to BF16 when there is one: Grok-1's
-// sandwich norm), then out (T, H) BF16 = rms_norm(x, weight, eps). The values of moe_combine into F32,
-// then rms_norm / add_rms_norm (basic_ops.h), bit for bit; the combined rows are never stored.
-struct CombineNormArgs {
-  float* residual;             // x (T, H)
-  const void* post_weight;     // BF16 (H), or null
-  const void* weight;          // BF16 (H)
-  float eps;
-  void* out;                   // BF16 (T, H)
-};
-
-// combine's out and out_dtype are not read.
-void moe_combine_add_rms_norm(const CombineArgs& combine, const CombineNormArgs& norm, cudaStream_t stream);
-
 // The prefill path's combine, one pass per window of padded rows [row_begin, row_end): the unscaled
 // down product of those rows is scaled by row_scale[row] · channel_scale[expert][h], weighted by the
 // router and added up per token. Passes over one call's windows, in order: kOnly when there is one

@@ -67,8 +67,8 @@ Tensor Model::forward(const ForwardBatch& batch, KvCache& cache) {
 
   // After each sublayer: y, a rank's partial sum under tensor parallelism, summed over the ranks; then
   // x += y, or x += post_norm(y) with sandwich norms (its output h in the activation dtype); then h =
-  // next_norm(x), the norm that follows every residual add, fused with the sum and the add (and, after
-  // the MoE, with its combine) where the backend can.
+  // next_norm(x), the norm that follows every residual add, fused with the sum and the add where the
+  // backend can.
   const int64_t layers = c.num_hidden_layers;
 
   ops_.embedding(batch.token_ids, weights_.embed_tokens, x);
@@ -91,8 +91,9 @@ Tensor Model::forward(const ForwardBatch& batch, KvCache& cache) {
     ops_.linear(attn, layer.attention.o_proj, y, tp_group);
     ops_.reduce_add_rms_norm(tp_group, y, x, sandwich ? &layer.post_attn_norm : nullptr, layer.pre_moe_norm, eps, h);
 
-    ops_.moe_add_rms_norm(h, layer.moe, moe, tp_group, y, x, sandwich ? &layer.post_moe_norm : nullptr,
-                          i + 1 < layers ? weights_.layers[i + 1].pre_attn_norm : weights_.norm, eps, h);
+    ops_.moe(h, layer.moe, moe, y);
+    ops_.reduce_add_rms_norm(tp_group, y, x, sandwich ? &layer.post_moe_norm : nullptr,
+                             i + 1 < layers ? weights_.layers[i + 1].pre_attn_norm : weights_.norm, eps, h);
   }
   Tensor logits = ops_.empty(DType::kF32, {batch.logit_rows.dim(0), c.vocab_size});
   ops_.logits(h, batch.logit_rows, weights_.lm_head, logits);

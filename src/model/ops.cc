@@ -75,13 +75,6 @@ void Ops::reduce_add_rms_norm(Communicator* group, Tensor& y, Tensor& x, const T
   add_rms_norm(x, out, weight, eps, out);
 }
 
-void Ops::moe_add_rms_norm(const Tensor& in, const MoeWeights& w, const MoeParams& params, Communicator* group,
-                           Tensor& y, Tensor& x, const Tensor* post_weight, const Tensor& weight, float eps,
-                           Tensor& out) {
-  moe(in, w, params, y);
-  reduce_add_rms_norm(group, y, x, post_weight, weight, eps, out);
-}
-
 void Ops::rope_attention(Tensor& qkv, double theta, KvCacheLayer& cache, KvCacheDType cache_dtype,
                          const ForwardBatch& batch, const AttentionParams& params, Tensor& out) {
   rope(qkv, batch.positions, params, theta);

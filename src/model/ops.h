@@ -119,13 +119,6 @@ class Ops {
   // weight, eps, out)). Not virtual: the ops it calls are.
   void reduce_add_rms_norm(Communicator* group, Tensor& y, Tensor& x, const Tensor* post_weight,
                            const Tensor& weight, float eps, Tensor& out);
-  // moe(in, w, params, y), then reduce_add_rms_norm(group, y, x, post_weight, weight, eps, out): the MoE
-  // layer and what follows it, which a backend may fuse (the weighted combine of the experts' outputs,
-  // the residual add and the norms in one kernel, never writing y). out may be `in`. y is scratch: its
-  // contents afterwards are unspecified.
-  virtual void moe_add_rms_norm(const Tensor& in, const MoeWeights& w, const MoeParams& params, Communicator* group,
-                                Tensor& y, Tensor& x, const Tensor* post_weight, const Tensor& weight, float eps,
-                                Tensor& out);
   // x *= factor, for F32 x (the residual stream, logits), any shape.
   virtual void scale(Tensor& x, float factor) = 0;
   // out (T, out_features) = x (T, in_features) · Wᵀ, x in the activation dtype; quantized formats

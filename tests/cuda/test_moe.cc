@@ -9,11 +9,9 @@
 #include <cstring>
 #include <iostream>
 #include <numeric>
-#include <string>
 
 #include "core/fp8.h"
 #include "cpu/cpu_ops.h"
-#include "cuda/basic_ops.h"
 #include "cuda/cuda_check.h"
 #include "cuda/device.h"
 #include "cuda/moe.h"
@@ -266,59 +264,6 @@ TEST_P(MoeLayer, MatchesCpuTwin) {
   std::cout << "E=" << E << " H=" << H << " I=" << I << " T=" << T << " top-k=" << top_k << ": ";
   print_errors(err);
   expect_layer_bounds(err);
-}
-
-// Ops::moe_add_rms_norm on one GPU: the MoE's combine fused with the residual add and the norms after it
-// (moe_w4a8's MoeResidualNorm: moe_combine_add_rms_norm on the decode path, the norm kernels after the
-// prefill path's combine) against the steps (the MoE into F32 y, then rms_norm / add_rms_norm), bit for
-// bit: the residual and the normalized output, with and without a post-norm (Grok-1's sandwich), at
-// hidden sizes whose rows take 1 to 4 units a thread (512, 2880, 6144).
-TEST(MoeLayer, FusedResidualNormEqualsTheSteps) {
-  SKIP_WITHOUT_GPU();
-  for (const int64_t H : {512, 2880, 6144}) {
-    const int64_t E = 8, I = 256, top_k = 2;
-    const HostInt4 gate_up = random_int4(E, 2 * I, H, 310), down = random_int4(E, H, I, 410);
-    const MoeWeights host{.router = to_bf16(random_f32({E, H}, 19, 0.05f)),
-                          .experts = {.format = WeightFormat::kInt4, .num_experts = E, .hidden_size = H,
-                                      .intermediate_size = I, .gate_up = gate_up.packed,
-                                      .gate_up_scale = gate_up.scale, .down = down.packed, .down_scale = down.scale}};
-    const MoeParams params{.top_k = top_k};
-    const cuda::MoeWeightsW4A8 w = cuda::upload_moe_w4a8(host);
-    const Tensor weight = cuda::upload(to_bf16(random_f32({H}, 23, 1.0f))),
-                 post_weight = cuda::upload(to_bf16(random_f32({H}, 29, 1.0f)));
-    for (const int64_t T : {1, 3, 64}) {
-      cuda::MoeWorkspace ws(w, T, top_k);
-      const Tensor x = cuda::upload(to_bf16(random_f32({T, H}, 31)));
-      const Tensor residual = random_f32({T, H}, 37, 4.0f);
-      for (const cuda::MoePath path : {cuda::MoePath::kDecode, cuda::MoePath::kPrefill})
-        for (const bool post : {false, true}) {
-          const Tensor* post_w = post ? &post_weight : nullptr;
-          Tensor y = poisoned(DType::kF32, {T, H}), x_steps = cuda::upload(residual);
-          Tensor h_steps = poisoned(DType::kBF16, {T, H});
-          cuda::moe_w4a8(x, w, params, ws, y, nullptr, path);
-          if (post) {
-            cuda::rms_norm(y, post_weight, 1e-5f, h_steps, nullptr);
-            cuda::add_rms_norm(x_steps, h_steps, weight, 1e-5f, h_steps, nullptr);
-          } else {
-            cuda::add_rms_norm(x_steps, y, weight, 1e-5f, h_steps, nullptr);
-          }
-          Tensor y_fused = poisoned(DType::kF32, {T, H}), x_fused = cuda::upload(residual);
-          Tensor h_fused = poisoned(DType::kBF16, {T, H});
-          const cuda::MoeResidualNorm then{
-              .residual = &x_fused, .post_weight = post_w, .weight = &weight, .eps = 1e-5f, .out = &h_fused};
-          cuda::moe_w4a8(x, w, params, ws, y_fused, nullptr, path, &then);
-          const Tensor xs = cuda::download(x_steps), xf = cuda::download(x_fused);
-          const Tensor hs = cuda::download(h_steps), hf = cuda::download(h_fused);
-          const std::string what = "H=" + std::to_string(H) + " T=" + std::to_string(T) +
-                                   (path == cuda::MoePath::kDecode ? " decode" : " prefill") +
-                                   (post ? " post-norm" : "");
-          EXPECT_EQ(std::memcmp(xs.raw(), xf.raw(), xs.nbytes()), 0) << what << ": residual";
-          EXPECT_EQ(std::memcmp(hs.raw(), hf.raw(), hs.nbytes()), 0) << what << ": norm output";
-          // The fused residual moved: the MoE's output was added (not a no-op that equals itself).
-          EXPECT_GT(rel_l2(residual.data<float>(), xf.data<float>(), T * H), 1e-5) << what;
-        }
-    }
-  }
 }
 
 // Scratch small enough that the prefill path takes several expert groups (5 experts of 64 in the
