@@ -609,8 +609,7 @@ KvCaches random_kv_caches(CpuOps& cpu, cuda::CudaOps& gpu, Shape shape, KvCacheD
 // The split-KV decode kernel (one token per sequence, head_dim 128): GQA groups of 4 and 6, with and
 // without the soft-cap, contexts from 1 to past several 128-key tiles, blocks scattered over the cache.
 // Contexts up to 1000 merge the slices in a cluster; one of 9000 keys takes the merge kernel, and so do
-// 40 sequences, whose slices outnumber the GPU's block slots (under NIBBLE_DECODE_PERSISTENT=1 a block
-// takes several).
+// 40 sequences, whose slices outnumber the GPU's block slots (several waves of blocks).
 TEST(CudaOpsTwin, DecodeAttention) {
   SKIP_WITHOUT_GPU();
   CpuOps cpu;
