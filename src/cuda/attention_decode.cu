@@ -103,6 +103,14 @@ __device__ inline void append_new_kv(const DecodeArgs& a, int s, int kh, const f
 // Sixteenth session, against 42.4 / 33.8 in that call: each block's slice asked of L2 before the grid
 // dependency wait 53.5 / 41.1; one wave of persistent blocks walking the slices 41.2 / 34.4, with the
 // next slice asked of L2 47.4 / 41.6 (the engine, Mixtral b32: 10.02 against 9.78 ms a step).
+// NIBBLE_DECODE_EARLY_TILE (a compile-time experiment, -DNIBBLE_DECODE_EARLY_TILE=1, unmeasured): each
+// warp's first tile, the lengths, the block table's slots and the RoPE angles read before the grid
+// dependency wait, while the kernel before finishes.
+#ifndef NIBBLE_DECODE_EARLY_TILE
+#define NIBBLE_DECODE_EARLY_TILE 0
+#endif
+constexpr bool kEarlyTile = NIBBLE_DECODE_EARLY_TILE != 0;
+
 template <bool kFp8, bool kClusterMerge>
 __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant__ DecodeArgs a) {
   constexpr int kElemBytes = kFp8 ? 1 : 2;
@@ -111,8 +119,10 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
   __shared__ float slice_acc[kClusterMerge ? kMaxGroup : 1][kHeadDim];  // this block's slice, merged
   __shared__ float slice_m[kMaxGroup], slice_l[kMaxGroup];
   __shared__ float rope_sin[kHeadDim / 2], rope_cos[kHeadDim / 2];
-  ptx::grid_dependency_wait();
-  ptx::launch_dependents();
+  if constexpr (!kEarlyTile) {
+    ptx::grid_dependency_wait();
+    ptx::launch_dependents();
+  }
   const int sp = blockIdx.x, kh = blockIdx.y, s = blockIdx.z;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4, G = a.group;
   const int len = a.seq_lens[s];
@@ -121,11 +131,55 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
   const int64_t kv_width = int64_t{a.kv_heads} * kHeadDim;
   const auto* k_base = static_cast<const uint8_t*>(a.k_cache) + int64_t{kh} * kHeadDim * kElemBytes;
   const auto* v_base = static_cast<const uint8_t*>(a.v_cache) + int64_t{kh} * kHeadDim * kElemBytes;
+  const int32_t* table = a.block_tables + s * a.max_blocks;
+
+  // A tile's keys and values: lane i finds the slot of the tile's key i. K: n-tile c's key 8c + g,
+  // dims [32t, 32t + 32). V: k-step u's keys 16u + 2t, +1, +8, +9; dims 32b + 4g .. + 3 of each.
+  constexpr int kKVecs = 2 * kElemBytes;  // 16-byte loads
+  using VWord = std::conditional_t<kFp8, uint32_t, uint2>;
+  uint4 k_raw[4][kKVecs];
+  VWord v_raw[2][4][4];
+  auto load_tile = [&](int tile) {
+    const int key = tile + lane;
+    const int64_t slot = key < end ? int64_t{table[key / a.block_size]} * a.block_size + key % a.block_size : -1;
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      const int64_t ks = __shfl_sync(0xFFFFFFFFu, slot, 8 * c + g);
+      const auto* row = reinterpret_cast<const uint4*>(k_base + (ks * kv_width + 32 * t) * kElemBytes);
+#pragma unroll
+      for (int v = 0; v < kKVecs; ++v) k_raw[c][v] = ks >= 0 ? row[v] : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int u = 0; u < 2; ++u)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int64_t vs = __shfl_sync(0xFFFFFFFFu, slot, 16 * u + 2 * t + (e & 1) + 8 * (e >> 1));
+#pragma unroll
+        for (int b = 0; b < 4; ++b)
+          v_raw[u][e][b] = vs >= 0 ? *reinterpret_cast<const VWord*>(v_base + (vs * kv_width + 32 * b + 4 * g) * kElemBytes)
+                                   : VWord{};
+      }
+  };
+  int first = begin + warp * kWarpKeys;
+  bool first_loaded = false;
+  if constexpr (kEarlyTile) {
+    // The lengths, tables and positions come from the host and the older keys from earlier steps, so
+    // the warp's first tile is read before the wait, unless it holds the step's new key (key len - 1,
+    // appended by this kernel or the one before).
+    if (first + kWarpKeys < len && first < end) {
+      load_tile(first);
+      first_loaded = true;
+    }
+  }
   const bool rope = a.inv_freq != nullptr;
-  if (rope) {  // the step's angles; the block holding the new key appends it (and its value) first
-    if (threadIdx.x < kHeadDim / 2)
-      rope_sincos(static_cast<float>(a.positions[s]), a.inv_freq[threadIdx.x], rope_sin[threadIdx.x],
-                  rope_cos[threadIdx.x]);
+  if (rope && threadIdx.x < kHeadDim / 2)  // the step's angles
+    rope_sincos(static_cast<float>(a.positions[s]), a.inv_freq[threadIdx.x], rope_sin[threadIdx.x],
+                rope_cos[threadIdx.x]);
+  if constexpr (kEarlyTile) {
+    ptx::grid_dependency_wait();
+    ptx::launch_dependents();
+  }
+  if (rope) {  // the block holding the new key appends it (and its value) first
     __syncthreads();
     if (begin < len && end == len) append_new_kv<kFp8>(a, s, kh, rope_sin, rope_cos);
   }
@@ -166,34 +220,10 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
   if (rope) __syncthreads();  // the new key and value in the cache before any warp reads them
   float m = -FLT_MAX, l = 0.0f;  // this warp's softmax state for head g
   float acc[8][4] = {};          // Oᵀ m-tile i: dims of rows g and g + 8, heads 2t and 2t + 1
-  const int32_t* table = a.block_tables + s * a.max_blocks;
 
-  for (int tile = begin + warp * kWarpKeys; tile < end; tile += kWarps * kWarpKeys) {
-    const int key = tile + lane;  // lane i finds the slot of the tile's key i
-    const int64_t slot = key < end ? int64_t{table[key / a.block_size]} * a.block_size + key % a.block_size : -1;
-    // K: n-tile c's key 8c + g, dims [32t, 32t + 32).
-    constexpr int kKVecs = 2 * kElemBytes;  // 16-byte loads
-    uint4 k_raw[4][kKVecs];
-#pragma unroll
-    for (int c = 0; c < 4; ++c) {
-      const int64_t ks = __shfl_sync(0xFFFFFFFFu, slot, 8 * c + g);
-      const auto* row = reinterpret_cast<const uint4*>(k_base + (ks * kv_width + 32 * t) * kElemBytes);
-#pragma unroll
-      for (int v = 0; v < kKVecs; ++v) k_raw[c][v] = ks >= 0 ? row[v] : make_uint4(0, 0, 0, 0);
-    }
-    // V: k-step u's keys 16u + 2t, +1, +8, +9; dims 32b + 4g .. + 3 of each.
-    using VWord = std::conditional_t<kFp8, uint32_t, uint2>;
-    VWord v_raw[2][4][4];
-#pragma unroll
-    for (int u = 0; u < 2; ++u)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int64_t vs = __shfl_sync(0xFFFFFFFFu, slot, 16 * u + 2 * t + (e & 1) + 8 * (e >> 1));
-#pragma unroll
-        for (int b = 0; b < 4; ++b)
-          v_raw[u][e][b] = vs >= 0 ? *reinterpret_cast<const VWord*>(v_base + (vs * kv_width + 32 * b + 4 * g) * kElemBytes)
-                                   : VWord{};
-      }
+  for (int tile = first; tile < end; tile += kWarps * kWarpKeys) {
+    if (!first_loaded) load_tile(tile);
+    first_loaded = false;
 
     // S = Q · Kᵀ: sc[c] = {head g: keys 8c + 2t, +1}, {rows g + 8: unused}.
     float sc[4][4] = {};
