@@ -38,6 +38,7 @@ constexpr int kThreads = kWarps * 32;
 constexpr int kWarpKeys = 32;  // keys a warp takes at a time: four n8 tiles of Q·Kᵀ, two k16 steps of P·V
 constexpr int kMaxGroup = 8;   // query heads per KV head: the MMA rows (of 16) that are real
 constexpr int kMaxSplits = 32;
+constexpr int kMaxClusterSlices = 16;  // a cluster's blocks at most (max_cluster_slices)
 
 struct DecodeArgs {
   const bf16* qkv;             // (S, width)
@@ -103,14 +104,12 @@ __device__ inline void append_new_kv(const DecodeArgs& a, int s, int kh, const f
 // Sixteenth session, against 42.4 / 33.8 in that call: each block's slice asked of L2 before the grid
 // dependency wait 53.5 / 41.1; one wave of persistent blocks walking the slices 41.2 / 34.4, with the
 // next slice asked of L2 47.4 / 41.6 (the engine, Mixtral b32: 10.02 against 9.78 ms a step).
-// NIBBLE_DECODE_EARLY_TILE (a compile-time experiment, -DNIBBLE_DECODE_EARLY_TILE=1, unmeasured): each
-// warp's first tile, the lengths, the block table's slots and the RoPE angles read before the grid
-// dependency wait, while the kernel before finishes.
-#ifndef NIBBLE_DECODE_EARLY_TILE
-#define NIBBLE_DECODE_EARLY_TILE 0
-#endif
-constexpr bool kEarlyTile = NIBBLE_DECODE_EARLY_TILE != 0;
-
+// Where the grid is one wave (kClusterMerge), each warp's first tile, the lengths, the block table's
+// slots and the RoPE angles are read before the grid dependency wait, while the kernel before
+// finishes (kEarlyTile). Measured on an H200 (bench/RESULTS.md, seventeenth session, every block
+// early, µs a call): Mixtral b1 12.4 against 13.0, Grok-1 b1 11.4 / 12.8, Grok-1 tp 2 rank b1 10.2 /
+// 11.2, and the engine at batch 1 3.55 against 3.61 ms a step; with more than one wave (merge_kernel)
+// it lost (Mixtral b32 42.0 against 40.5, Grok-1 b32 53.9 / 52.8), only the first wave's blocks gaining.
 template <bool kFp8, bool kClusterMerge>
 __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant__ DecodeArgs a) {
   constexpr int kElemBytes = kFp8 ? 1 : 2;
@@ -119,6 +118,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
   __shared__ float slice_acc[kClusterMerge ? kMaxGroup : 1][kHeadDim];  // this block's slice, merged
   __shared__ float slice_m[kMaxGroup], slice_l[kMaxGroup];
   __shared__ float rope_sin[kHeadDim / 2], rope_cos[kHeadDim / 2];
+  constexpr bool kEarlyTile = kClusterMerge;
   if constexpr (!kEarlyTile) {
     ptx::grid_dependency_wait();
     ptx::launch_dependents();
@@ -348,16 +348,28 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
     const int C = static_cast<int>(cluster.num_blocks()), r = static_cast<int>(cluster.block_rank());
     for (int i = r * kThreads + threadIdx.x; i < G * kHeadDim; i += C * kThreads) {
       const int h = i / kHeadDim, d = i % kHeadDim;
+      // Every block's (m, l, acc) asked for at once: the distributed shared memory reads overlap
+      // rather than wait one on another.
+      float ms[kMaxClusterSlices], ls[kMaxClusterSlices], accs[kMaxClusterSlices];
+#pragma unroll
+      for (int b = 0; b < kMaxClusterSlices; ++b)
+        if (b < C) {
+          ms[b] = *cluster.map_shared_rank(&slice_m[h], b);
+          ls[b] = *cluster.map_shared_rank(&slice_l[h], b);
+          accs[b] = *cluster.map_shared_rank(&slice_acc[h][d], b);
+        }
       float mm = -FLT_MAX;
-      for (int b = 0; b < C; ++b) mm = fmaxf(mm, *cluster.map_shared_rank(&slice_m[h], b));
+#pragma unroll
+      for (int b = 0; b < kMaxClusterSlices; ++b)
+        if (b < C) mm = fmaxf(mm, ms[b]);
       float num = 0.0f, den = 0.0f;
-      for (int b = 0; b < C; ++b) {
-        const float l = *cluster.map_shared_rank(&slice_l[h], b);
-        if (l == 0.0f) continue;
-        const float w = __expf(*cluster.map_shared_rank(&slice_m[h], b) - mm);
-        num += w * *cluster.map_shared_rank(&slice_acc[h][d], b);
-        den += w * l;
-      }
+#pragma unroll
+      for (int b = 0; b < kMaxClusterSlices; ++b)
+        if (b < C && ls[b] != 0.0f) {
+          const float w = __expf(ms[b] - mm);
+          num += w * accs[b];
+          den += w * ls[b];
+        }
       a.out[int64_t{s} * a.heads * kHeadDim + (int64_t{kh} * G + h) * kHeadDim + d] =
           __float2bfloat16_rn(den > 0.0f ? num / den * a.v_scale : 0.0f);
     }
@@ -427,13 +439,14 @@ int max_cluster_slices() {
     auto* kernel = decode_kernel<kFp8, true>;
     cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
     cudaLaunchConfig_t config{};
-    config.gridDim = dim3(16, 1, 1);
+    config.gridDim = dim3(kMaxClusterSlices, 1, 1);
     config.blockDim = dim3(kThreads, 1, 1);
-    cudaLaunchAttribute cluster = cluster_shape(16);
+    cudaLaunchAttribute cluster = cluster_shape(kMaxClusterSlices);
     config.attrs = &cluster;
     config.numAttrs = 1;
     int clusters = 0;
-    if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &config) == cudaSuccess && clusters > 0) it->second = 16;
+    if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &config) == cudaSuccess && clusters > 0)
+      it->second = kMaxClusterSlices;
     cudaGetLastError();  // a refused query leaves its error behind
   }
   return it->second;

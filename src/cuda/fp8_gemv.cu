@@ -11,14 +11,9 @@
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
-#include <algorithm>
-#include <map>
-#include <mutex>
 #include <string>
-#include <tuple>
 
 #include "cuda/cuda_check.h"
-#include "cuda/device.h"
 #include "cuda/env_setting.h"
 #include "cuda/kernel_attributes.h"
 #include "cuda/launch.h"
@@ -93,10 +88,6 @@ __global__ void __launch_bounds__(kThreads) fp8_gemv_kernel(const __grid_constan
   if (lane < kRows && n0 + lane < p.n && int64_t{kTile} * 32 < chunks)
     ptx::prefetch_l2_bulk(p.w + (n0 + lane) * p.k + int64_t{kTile} * 32 * 16,
                           static_cast<uint32_t>((chunks - int64_t{kTile} * 32) * 16));
-  if (lane < kRows && blockIdx.x < p.next_wave) {  // the next wave's rows into L2 (next_wave 0: none)
-    const int64_t n = ((int64_t{blockIdx.x} + p.next_wave) * kWarps + warp) * kRows + lane;
-    if (n < p.n) ptx::prefetch_l2_bulk(p.w + n * p.k, static_cast<uint32_t>(p.k));
-  }
   ptx::grid_dependency_wait();
   ptx::launch_dependents();
 
@@ -182,42 +173,13 @@ __global__ void __launch_bounds__(kThreads) fp8_gemv_kernel(const __grid_constan
     }
 }
 
-// Blocks of `kernel` (kThreads each, `smem` bytes of dynamic shared memory) the GPU holds at once,
-// per device, asked once.
-int wave_blocks(const void* kernel, int smem) {
-  static std::mutex mutex;
-  static std::map<std::tuple<const void*, int, int>, int> blocks;  // (kernel, smem, device)
-  int device = 0;
-  cuda_check(cudaGetDevice(&device));
-  std::lock_guard lock(mutex);
-  const auto [it, fresh] = blocks.try_emplace({kernel, smem, device}, 0);
-  if (fresh) {
-    int per_sm = 0;
-    cuda_check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem));
-    it->second = std::max(per_sm, 1) * multiprocessor_count();
-  }
-  return it->second;
-}
-
-// NIBBLE_GEMV_NEXT_WAVE=1: Fp8GemvArgs::prefetch_next_wave's default (off until measured).
-bool next_wave_setting() {
-  static const bool on = env_switch("NIBBLE_GEMV_NEXT_WAVE");
-  return on;
-}
-
 template <int kTokens, int kRows>
-void launch_rows(Fp8GemvArgs p, cudaStream_t stream) {
+void launch_rows(const Fp8GemvArgs& p, cudaStream_t stream) {
   const auto smem = static_cast<int>(kTokens * padded_k(p.k) * sizeof(float));
   auto* kernel = fp8_gemv_kernel<kTokens, kRows>;
   // The limit is set once per kernel and device (kernel_attributes.h): the largest any K needs.
   allow_dynamic_smem(reinterpret_cast<const void*>(kernel), static_cast<int>(kMaxSmemBytes));
   const int64_t rows_per_block = int64_t{kWarps} * kRows, blocks = (p.n + rows_per_block - 1) / rows_per_block;
-  const bool prefetch = p.prefetch_next_wave < 0 ? next_wave_setting() : p.prefetch_next_wave == 1;
-  p.next_wave = 0;
-  if (prefetch) {
-    const int64_t wave = wave_blocks(reinterpret_cast<const void*>(kernel), smem);
-    if (blocks > wave) p.next_wave = wave;
-  }
   launch_kernel(kernel, static_cast<unsigned>(blocks), kThreads, smem, stream, p);
   cuda_check(cudaGetLastError());
 }

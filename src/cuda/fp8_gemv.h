@@ -27,11 +27,6 @@ struct Fp8GemvArgs {
   float static_scale = 0.0f;
   const float* amax_in = nullptr;  // (tokens)
   int rows_per_warp = 0;  // output channels a warp takes, 2 or 4; 0: NIBBLE_GEMV_ROWS, else the default
-  // Where the grid is more than one wave of block slots, each block of the first wave asks L2 for the
-  // rows of the block one wave after it before its grid dependency wait: 1 on, 0 off, -1
-  // NIBBLE_GEMV_NEXT_WAVE (0 or 1; off until measured).
-  int prefetch_next_wave = -1;
-  int64_t next_wave = 0;  // set by fp8_gemv: the first wave's blocks when they prefetch, else 0
 };
 
 // Whether the kernel takes these sizes (tokens, and K whose quantized rows fit shared memory).
