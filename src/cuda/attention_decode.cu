@@ -12,19 +12,16 @@
 #include <mutex>
 #include <optional>
 #include <string_view>
-#include <tuple>
 #include <type_traits>
 
 #include "cuda/attention_mma.cuh"
 #include "cuda/cuda_check.h"
 #include "cuda/device.h"
 #include "cuda/env_setting.h"
-#include "cuda/kernel_attributes.h"
 #include "cuda/kv_store.cuh"
 #include "cuda/launch.h"
 #include "cuda/ptx.cuh"
 #include "cuda/rope.cuh"
-#include "cuda/tensor_map.h"
 
 namespace nibble::cuda {
 namespace {
@@ -63,35 +60,7 @@ struct DecodeArgs {
   void* k_store;                 // the caches, where the new key and value go
   void* v_store;
   float k_store_scale, v_store_scale;  // FP8: code = value / scale
-  // The FP8 caches as (blocks · block_size, kv_heads · D) byte matrices in boxes of kBoxKeys keys of
-  // one head (decode_kernel's kRing).
-  CUtensorMap k_map, v_map;
 };
-
-// decode_kernel's kRing: the FP8 K and V tiles of the block's slice stream into a ring of kRingStages
-// shared-memory stages by tensor copies, a tile a stage: the first kRingStages asked for at once as
-// the block starts (before its grid dependency wait where they hold only older keys), each later one
-// by the warp that frees its stage. A box is 16 keys of one head (2 KB, 128-byte swizzled); a tile
-// two boxes of K and two of V.
-constexpr int kRingStages = 6;
-constexpr int kBoxKeys = 16;  // a page (block_size keys) holds whole boxes
-constexpr uint32_t kBoxBytes = kBoxKeys * kHeadDim;
-constexpr uint32_t kStageBytes = 4 * kBoxBytes;  // K boxes 0 and 1, V boxes 0 and 1
-constexpr int kRingSmem = kRingStages * kStageBytes + 1024;  // and the slack to align it to 1024 bytes
-
-// Tile `key` (keys key .. key + 31 of the slice ending at `end`) of kv head kh into `stage`: the boxes
-// that hold a key below end, completing on `full`.
-__device__ inline void issue_tile(const DecodeArgs& a, const int32_t* table, int kh, int key, int end,
-                                  uint8_t* stage, uint64_t* full) {
-  const int boxes = key + kBoxKeys < end ? 2 : 1;
-  ptx::mbarrier_arrive_expect_tx(full, 2 * boxes * kBoxBytes);
-  for (int b = 0; b < boxes; ++b) {
-    const int k = key + b * kBoxKeys;
-    const int row = table[k / a.block_size] * static_cast<int>(a.block_size) + k % static_cast<int>(a.block_size);
-    ptx::tensor_copy_2d_to_shared(stage + b * kBoxBytes, &a.k_map, kh * kHeadDim, row, full);
-    ptx::tensor_copy_2d_to_shared(stage + (2 + b) * kBoxBytes, &a.v_map, kh * kHeadDim, row, full);
-  }
-}
 
 static_assert(kThreads == kHeadDim, "the KV append takes an element of v a thread");
 
@@ -117,8 +86,7 @@ __device__ inline void append_new_kv(const DecodeArgs& a, int s, int kh, const f
 // P leaves the first MMA in the register layout the second one reads. Both MMAs take K positions in an
 // order of our choosing: thread (g = lane / 4, t = lane % 4) loads dims [32t, 32t + 32) of its key for
 // Q·Kᵀ (k-step j: dims 32t + 4j .. + 3) and, for Vᵀ, dims 32b + 4g .. + 3 of four keys; Oᵀ's row r of
-// m-tile i is dim 32·(i / 2) + 4·(r % 8) + 2·(i % 2) + r / 8 (with the ring, 16·(r % 8) + 4·(i / 2) +
-// 2·(i % 2) + r / 8: a lane's V dims one 16-byte chunk of each key).
+// m-tile i is dim 32·(i / 2) + 4·(r % 8) + 2·(i % 2) + r / 8.
 // kClusterMerge: the grid's x (the slices) is one thread-block cluster, whose blocks merge their slices
 // through distributed shared memory and write the output, where otherwise each writes its slice to
 // part_acc and part_ml for merge_kernel. (A third way, each block counting itself in and the last to
@@ -142,22 +110,24 @@ __device__ inline void append_new_kv(const DecodeArgs& a, int s, int kh, const f
 // early, µs a call): Mixtral b1 12.4 against 13.0, Grok-1 b1 11.4 / 12.8, Grok-1 tp 2 rank b1 10.2 /
 // 11.2, and the engine at batch 1 3.55 against 3.61 ms a step; with more than one wave (merge_kernel)
 // it lost (Mixtral b32 42.0 against 40.5, Grok-1 b32 53.9 / 52.8), only the first wave's blocks gaining.
-// The FP8 kernels bounded to 168 registers: 3 blocks an SM (as the ring's shared memory allows).
-template <bool kFp8, bool kClusterMerge, bool kRing>
+// Seventeenth session, not kept: the FP8 tiles through a block's ring of 6 shared-memory stages filled
+// by 2-D tensor copies (16-key boxes of one head, 128-byte swizzled; the first six tiles asked for as
+// the block starts, each later one by the warp that frees its stage; V read as one 16-byte chunk a
+// key), with merge_kernel: Mixtral b32 39.3, Grok-1 b32 53.1, Grok-1 tp 2 rank b32 35.7 against 40.2 /
+// 52.4 / 32.0, the engine's Grok-1 rank b32 27.75 against 27.71 ms. (That build's warps could wait on
+// a stage a phase ahead of its tile, which only makes it faster than a correct one.) With every tile
+// of a block in flight at once and no faster, the loads' latency is not what bounds this kernel.
+// The FP8 kernels bounded to 168 registers: 3 blocks an SM.
+template <bool kFp8, bool kClusterMerge>
 __global__ void __launch_bounds__(kThreads, kFp8 ? 3 : 1) decode_kernel(const __grid_constant__ DecodeArgs a) {
-  static_assert(kFp8 || !kRing, "the ring takes the FP8 cache");
   constexpr int kElemBytes = kFp8 ? 1 : 2;
   __shared__ float m_w[kWarps][kMaxGroup], l_w[kWarps][kMaxGroup];
   __shared__ float acc_w[kWarps][kMaxGroup][kHeadDim];
   __shared__ float slice_acc[kClusterMerge ? kMaxGroup : 1][kHeadDim];  // this block's slice, merged
   __shared__ float slice_m[kMaxGroup], slice_l[kMaxGroup];
   __shared__ float rope_sin[kHeadDim / 2], rope_cos[kHeadDim / 2];
-  __shared__ uint64_t full[kRing ? kRingStages : 1];  // kRing: a stage's tile landed
-  extern __shared__ uint8_t dynamic_smem[];
-  constexpr bool kEarlyTile = kClusterMerge && !kRing;
-  constexpr auto kVDim = [](int b, int g) { return kRing ? 16 * g + 4 * b : 32 * b + 4 * g; };
-  constexpr bool kEarly = kEarlyTile || kRing;  // reads before the grid dependency wait
-  if constexpr (!kEarly) {
+  constexpr bool kEarlyTile = kClusterMerge;
+  if constexpr (!kEarlyTile) {
     ptx::grid_dependency_wait();
     ptx::launch_dependents();
   }
@@ -211,56 +181,17 @@ __global__ void __launch_bounds__(kThreads, kFp8 ? 3 : 1) decode_kernel(const __
       first_loaded = true;
     }
   }
-  uint8_t* ring = nullptr;
-  // Reads `stage`'s tile (keys from `tile`) as load_tile does, V zero past end, but for V's dims: v_raw
-  // [u][e][b] holds dims kVDim(b, g) .. + 3, 16g + 4b with the ring (a 16-byte read a key), 32b + 4g
-  // from global memory.
-  auto read_stage = [&](const uint8_t* stage, int tile) {
-    if constexpr (kRing) {
-#pragma unroll
-      for (int c = 0; c < 4; ++c) {  // key 8c + g: row 8(c % 2) + g of K box c / 2
-        const uint8_t* row = stage + (c / 2) * kBoxBytes + (8 * (c % 2) + g) * kHeadDim;
-#pragma unroll
-        for (int v = 0; v < kKVecs; ++v) k_raw[c][v] = *reinterpret_cast<const uint4*>(row + ((2 * t + v) ^ g) * 16);
-      }
-#pragma unroll
-      for (int u = 0; u < 2; ++u)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {  // dims 16g .. 16g + 15 of the key: chunk g of its row
-          const int r = 2 * t + (e & 1) + 8 * (e >> 1);  // the key's row in V box u
-          const uint4 q = *reinterpret_cast<const uint4*>(stage + (2 + u) * kBoxBytes + r * kHeadDim + (g ^ (r % 8)) * 16);
-          const bool in = tile + 16 * u + r < end;
-          v_raw[u][e][0] = in ? q.x : 0u, v_raw[u][e][1] = in ? q.y : 0u;
-          v_raw[u][e][2] = in ? q.z : 0u, v_raw[u][e][3] = in ? q.w : 0u;
-        }
-    }
-  };
-  if constexpr (kRing) {
-    const uint32_t at = ptx::smem_address(dynamic_smem);
-    ring = dynamic_smem + ((at + 1023) / 1024 * 1024 - at);
-    if (threadIdx.x == 0) {
-      for (int i = 0; i < kRingStages; ++i) ptx::mbarrier_init(&full[i], 1);
-      ptx::fence_mbarrier_init();
-    }
-    __syncthreads();
-    const int key = begin + lane * kWarpKeys;  // warp 0's lane i asks for tile i
-    if (warp == 0 && lane < min(tiles, kRingStages) && old_keys_only(key))
-      issue_tile(a, table, kh, key, end, ring + lane * kStageBytes, &full[lane]);
-  }
   const bool rope = a.inv_freq != nullptr;
   if (rope && threadIdx.x < kHeadDim / 2)  // the step's angles
     rope_sincos(static_cast<float>(a.positions[s]), a.inv_freq[threadIdx.x], rope_sin[threadIdx.x],
                 rope_cos[threadIdx.x]);
-  if constexpr (kEarly) {
+  if constexpr (kEarlyTile) {
     ptx::grid_dependency_wait();
     ptx::launch_dependents();
   }
   if (rope) {  // the block holding the new key appends it (and its value) first
     __syncthreads();
-    if (begin < len && end == len) {
-      append_new_kv<kFp8>(a, s, kh, rope_sin, rope_cos);
-      if constexpr (kRing) ptx::fence_proxy_async_global();  // before the tensor copies read it
-    }
+    if (begin < len && end == len) append_new_kv<kFp8>(a, s, kh, rope_sin, rope_cos);
   }
 
   // Q as A fragments, k-step j: {row g: dims 32t + 4j, +1}, {row g: dims 32t + 4j + 2, +3}. With RoPE,
@@ -297,29 +228,13 @@ __global__ void __launch_bounds__(kThreads, kFp8 ? 3 : 1) decode_kernel(const __
     }
   }
   if (rope) __syncthreads();  // the new key and value in the cache before any warp reads them
-  if constexpr (kRing) {  // the first stages' tiles that hold the new key
-    const int key = begin + lane * kWarpKeys;
-    if (warp == 0 && lane < min(tiles, kRingStages) && !old_keys_only(key))
-      issue_tile(a, table, kh, key, end, ring + lane * kStageBytes, &full[lane]);
-  }
   float m = -FLT_MAX, l = 0.0f;  // this warp's softmax state for head g
   float acc[8][4] = {};          // Oᵀ m-tile i: dims of rows g and g + 8, heads 2t and 2t + 1
 
   for (int i = warp; i < tiles; i += kWarps) {
     const int tile = begin + i * kWarpKeys;
-    if constexpr (kRing) {
-      const int stage = i % kRingStages;
-      ptx::mbarrier_wait(&full[stage], (i / kRingStages) & 1);
-      read_stage(ring + stage * kStageBytes, tile);
-      __syncwarp();  // every lane's reads of the stage done before it is written again
-      if (lane == 0 && i + kRingStages < tiles) {
-        ptx::fence_proxy_async_shared();
-        issue_tile(a, table, kh, tile + kRingStages * kWarpKeys, end, ring + stage * kStageBytes, &full[stage]);
-      }
-    } else {
-      if (!first_loaded) load_tile(tile);
-      first_loaded = false;
-    }
+    if (!first_loaded) load_tile(tile);
+    first_loaded = false;
 
     // S = Q · Kᵀ: sc[c] = {head g: keys 8c + 2t, +1}, {rows g + 8: unused}.
     float sc[4][4] = {};
@@ -408,7 +323,7 @@ __global__ void __launch_bounds__(kThreads, kFp8 ? 3 : 1) decode_kernel(const __
   for (int i = 0; i < 8; ++i)
 #pragma unroll
     for (int r = 0; r < 4; ++r) {
-      const int head = 2 * t + (r & 1), dim = kVDim(i / 2, g) + 2 * (i % 2) + (r >> 1);
+      const int head = 2 * t + (r & 1), dim = 32 * (i / 2) + 4 * g + 2 * (i % 2) + (r >> 1);
       if (head < G) acc_w[warp][head][dim] = acc[i][r];
     }
   __syncthreads();
@@ -521,43 +436,28 @@ std::optional<Merge> merge_setting() {  // none: by the rule of decode_grid
   return setting;
 }
 
-// The decode kernel of a launch: FP8 or BF16 cache, the slices merged in their cluster or by
-// merge_kernel, the FP8 tiles through the ring or not; and its dynamic shared memory.
+// The decode kernel of a launch: FP8 or BF16 cache, the slices merged in their cluster or by merge_kernel.
 using DecodeKernel = void (*)(DecodeArgs);
-DecodeKernel decode_kernel_for(bool fp8, bool cluster, bool ring) {
-  if (ring) return cluster ? decode_kernel<true, true, true> : decode_kernel<true, false, true>;
-  if (fp8) return cluster ? decode_kernel<true, true, false> : decode_kernel<true, false, false>;
-  return cluster ? decode_kernel<false, true, false> : decode_kernel<false, false, false>;
-}
-int decode_smem(bool ring) {
-  if (!ring) return 0;
-  for (const bool cluster : {false, true})  // once per kernel and device (kernel_attributes.h)
-    allow_dynamic_smem(reinterpret_cast<const void*>(decode_kernel_for(true, cluster, true)), kRingSmem);
-  return kRingSmem;
+DecodeKernel decode_kernel_for(bool fp8, bool cluster) {
+  if (fp8) return cluster ? decode_kernel<true, true> : decode_kernel<true, false>;
+  return cluster ? decode_kernel<false, true> : decode_kernel<false, false>;
 }
 
-// NIBBLE_DECODE_RING=1: the FP8 cache through decode_kernel's ring (kRing; off until measured).
-bool ring_setting() {
-  static const bool on = env_switch("NIBBLE_DECODE_RING");
-  return on;
-}
-
-// The most slices a cluster of the cluster-merge kernel (`ring` or not) takes on this device: 16 (a
-// non-portable cluster size) where the device can hold such a cluster, else 8.
-int max_cluster_slices(bool fp8, bool ring) {
+// The most slices a cluster of the cluster-merge kernel takes on this device: 16 (a non-portable
+// cluster size) where the device can hold such a cluster, else 8.
+int max_cluster_slices(bool fp8) {
   static std::mutex mutex;
-  static std::map<std::tuple<int, bool, bool>, int> slices;  // (device, fp8, ring)
+  static std::map<std::pair<int, bool>, int> slices;  // (device, fp8)
   int device = 0;
   cuda_check(cudaGetDevice(&device));
   std::lock_guard lock(mutex);
-  auto [it, fresh] = slices.try_emplace({device, fp8, ring}, 8);
+  auto [it, fresh] = slices.try_emplace({device, fp8}, 8);
   if (fresh) {
-    const DecodeKernel kernel = decode_kernel_for(fp8, true, ring);
+    const DecodeKernel kernel = decode_kernel_for(fp8, true);
     cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
     cudaLaunchConfig_t config{};
     config.gridDim = dim3(kMaxClusterSlices, 1, 1);
     config.blockDim = dim3(kThreads, 1, 1);
-    config.dynamicSmemBytes = static_cast<size_t>(decode_smem(ring));
     cudaLaunchAttribute cluster = cluster_shape(kMaxClusterSlices);
     config.attrs = &cluster;
     config.numAttrs = 1;
@@ -591,17 +491,15 @@ int64_t decode_waves() {
   return waves;
 }
 
-// `ring`: decode_kernel's kRing (the FP8 cache only).
-DecodeGrid decode_grid(const ForwardBatch& batch, const AttentionParams& params, bool fp8, bool ring) {
+DecodeGrid decode_grid(const ForwardBatch& batch, const AttentionParams& params, bool fp8) {
   int per_sm = 0;
-  cuda_check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, decode_kernel_for(fp8, false, ring), kThreads,
-                                                           static_cast<size_t>(decode_smem(ring))));
+  cuda_check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, decode_kernel_for(fp8, false), kThreads, 0));
   const int64_t slots = int64_t{std::max(per_sm, 1)} * multiprocessor_count();
   const int64_t pairs = batch.num_seqs * params.num_kv_heads, aim = decode_waves() * slots;
   int splits = static_cast<int>(std::clamp<int64_t>((aim + pairs - 1) / pairs, 1, kMaxSplits));
   const std::optional<Merge> setting = merge_setting();
   if (setting == Merge::kCluster || (!setting && batch.max_seq_len <= kClusterMaxKeys)) {
-    const int clustered = std::min(splits, max_cluster_slices(fp8, ring));
+    const int clustered = std::min(splits, max_cluster_slices(fp8));
     if (setting == Merge::kCluster || clustered * pairs <= slots)
       return {.splits = clustered, .cluster = true, .blocks = clustered * pairs, .slots = slots};
   }
@@ -616,8 +514,7 @@ bool attention_decode_appends(const ForwardBatch& batch, const AttentionParams& 
     return name == "decode" ? 1 : name == "kernel" ? 0 : -1;
   }();
   if (setting >= 0) return setting == 1;
-  const bool fp8 = cache_dtype == KvCacheDType::kFp8E4M3;
-  const DecodeGrid grid = decode_grid(batch, params, fp8, fp8 && ring_setting());
+  const DecodeGrid grid = decode_grid(batch, params, cache_dtype == KvCacheDType::kFp8E4M3);
   return grid.blocks <= grid.slots;
 }
 
@@ -633,12 +530,10 @@ void attention_decode(const Tensor& qkv, KvCacheLayer& cache, KvCacheDType cache
   const int64_t S = batch.num_seqs, Hq = params.num_heads;
   if (S == 0) return;
   const bool fp8 = cache_dtype == KvCacheDType::kFp8E4M3;
-  // The ring's boxes of 16 keys each lie in one page.
-  const bool ring = fp8 && ring_setting() && cache.k.dim(1) % kBoxKeys == 0;
-  const auto [splits, cluster, blocks, slots] = decode_grid(batch, params, fp8, fp8 && ring_setting());
+  const auto [splits, cluster, blocks, slots] = decode_grid(batch, params, fp8);
   Tensor part_acc = cluster ? Tensor() : empty(DType::kF32, {S, Hq, splits, kHeadDim});
   Tensor part_ml = cluster ? Tensor() : empty(DType::kF32, {S, Hq, splits, 2});
-  DecodeArgs a{.qkv = qkv.data<bf16>(), .k_cache = cache.k.raw(), .v_cache = cache.v.raw(),
+  const DecodeArgs a{.qkv = qkv.data<bf16>(), .k_cache = cache.k.raw(), .v_cache = cache.v.raw(),
                      .block_tables = batch.block_tables.data<int32_t>(), .seq_lens = batch.seq_lens.data<int32_t>(),
                      .part_acc = cluster ? nullptr : part_acc.data<float>(),
                      .part_ml = cluster ? nullptr : part_ml.data<float>(), .out = out.data<bf16>(),
@@ -651,20 +546,14 @@ void attention_decode(const Tensor& qkv, KvCacheLayer& cache, KvCacheDType cache
                      .inv_freq = inv_freq != nullptr ? inv_freq->data<float>() : nullptr,
                      .positions = batch.positions.data<int32_t>(), .slot_mapping = batch.slot_mapping.data<int32_t>(),
                      .k_store = cache.k.raw(), .v_store = cache.v.raw(), .k_store_scale = params.k_scale,
-                     .v_store_scale = params.v_scale, .k_map = {}, .v_map = {}};
-  if (ring) {
-    const int64_t rows = cache.k.dim(0) * cache.k.dim(1), cols = params.num_kv_heads * kHeadDim;
-    a.k_map = byte_matrix_map_sw128(cache.k.raw(), rows, cols, kBoxKeys);
-    a.v_map = byte_matrix_map_sw128(cache.v.raw(), rows, cols, kBoxKeys);
-  }
-  const DecodeKernel kernel = decode_kernel_for(fp8, cluster, ring);
-  const int smem = decode_smem(ring);
+                     .v_store_scale = params.v_scale};
+  const DecodeKernel kernel = decode_kernel_for(fp8, cluster);
   const dim3 grid(static_cast<unsigned>(splits), static_cast<unsigned>(params.num_kv_heads), static_cast<unsigned>(S));
   if (cluster) {
-    launch_kernel_with({cluster_shape(static_cast<unsigned>(splits))}, kernel, grid, kThreads, smem, stream, a);
+    launch_kernel_with({cluster_shape(static_cast<unsigned>(splits))}, kernel, grid, kThreads, 0, stream, a);
     return cuda_check(cudaGetLastError());
   }
-  launch_kernel(kernel, grid, kThreads, smem, stream, a);
+  launch_kernel(kernel, grid, kThreads, 0, stream, a);
   cuda_check(cudaGetLastError());
   launch_kernel(merge_kernel, dim3(static_cast<unsigned>(S), static_cast<unsigned>(Hq)), kHeadDim, 0, stream, a);
   cuda_check(cudaGetLastError());

@@ -99,11 +99,6 @@ __device__ inline void tensor_copy_2d_to_shared(void* smem, const void* map, int
       : "memory");
 }
 
-// Orders this thread's earlier generic-proxy accesses (ordinary loads and stores) of global or shared
-// memory before its later asynchronous-proxy ones (bulk and tensor copies).
-__device__ inline void fence_proxy_async_global() { asm volatile("fence.proxy.async.global;\n" ::: "memory"); }
-__device__ inline void fence_proxy_async_shared() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-
 __device__ inline void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 
 template <int kPending>
