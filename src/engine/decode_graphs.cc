@@ -8,6 +8,14 @@
 namespace nibble {
 namespace {
 
+// The short context class (decode_graphs.h): the longest context for which the CUDA decode attention
+// merges a few sequences' slices in a thread-block cluster (attention_decode.cu, kClusterMaxKeys), where
+// recorded for the model's whole context it takes the merge kernel: measured on an H200, Mixtral-8x7B
+// batch 1 at 1025 keys, 9.5-10.5 µs a layer against 13.0 (bench/RESULTS.md). Its grid is one wave of
+// blocks only up to a few sequences.
+constexpr int64_t kShortContext = 8192;
+constexpr int64_t kShortContextBatch = 8;
+
 // 1, 2, 4, 8, 16, then every multiple of 8 up to max_batch (and max_batch itself).
 std::vector<int64_t> buckets(int64_t max_batch) {
   std::vector<int64_t> out;
@@ -26,7 +34,12 @@ DecodeGraphs::DecodeGraphs(Model& model, KvCache& cache, int64_t max_batch, int6
   // Probe once whether the model records at all (the CPU does not).
   enabled_ = max_batch > 0 && model.record([] {}) != nullptr;
   if (!enabled_) return;
-  for (int64_t b : buckets(max_batch)) graphs_.push_back({.batch = b, .inputs = {}, .logits = {}, .step = nullptr});
+  const int64_t context = max_blocks_per_seq * cache.block_size;
+  for (int64_t b : buckets(max_batch)) {
+    if (b <= kShortContextBatch && context > kShortContext)
+      graphs_.push_back({.batch = b, .max_seq_len = kShortContext, .inputs = {}, .logits = {}, .step = nullptr});
+    graphs_.push_back({.batch = b, .max_seq_len = context, .inputs = {}, .logits = {}, .step = nullptr});
+  }
 }
 
 bool DecodeGraphs::covers(int64_t num_seqs) const {
@@ -61,7 +74,7 @@ void DecodeGraphs::fill(Graph& g, const DecodeInputs* in) {
     g.inputs = {.num_tokens = B, .num_seqs = B, .token_ids = ops.upload(ids), .positions = ops.upload(positions),
                 .query_start = ops.upload(query_start), .seq_lens = ops.upload(seq_lens),
                 .block_tables = ops.upload(tables), .slot_mapping = ops.upload(slots), .logit_rows = ops.upload(rows),
-                .max_query_len = 1, .max_seq_len = W * cache_.block_size};
+                .max_query_len = 1, .max_seq_len = g.max_seq_len};
     return;
   }
   ops.copy_to_device(ids, g.inputs.token_ids);
@@ -78,16 +91,21 @@ void DecodeGraphs::record(Graph& g) {
   check(g.step != nullptr, "decode graphs: the backend stopped recording");
 }
 
-DecodeGraphs::Graph& DecodeGraphs::graph_for(int64_t num_seqs) {
+DecodeGraphs::Graph& DecodeGraphs::graph_for(int64_t num_seqs, int64_t longest) {
   if (!graphs_.back().step)  // record every bucket at once, largest first
     for (auto it = graphs_.rbegin(); it != graphs_.rend(); ++it) record(*it);
-  return *std::find_if(graphs_.begin(), graphs_.end(), [&](const Graph& g) { return g.batch >= num_seqs; });
+  const auto it = std::find_if(graphs_.begin(), graphs_.end(),
+                               [&](const Graph& g) { return g.batch >= num_seqs && g.max_seq_len >= longest; });
+  check(it != graphs_.end(), "decode step: a context of ", longest, " keys, longer than the ",
+        graphs_.back().max_seq_len, " the graphs were recorded for");
+  return *it;
 }
 
 const Tensor& DecodeGraphs::run(const DecodeInputs& inputs) {
   const auto S = static_cast<int64_t>(inputs.token_ids.size());
   check(covers(S), "decode graphs: no graph for ", S, " sequences");
-  Graph& g = graph_for(S);
+  const int64_t longest = *std::max_element(inputs.seq_lens.begin(), inputs.seq_lens.end());
+  Graph& g = graph_for(S, longest);
   fill(g, &inputs);
   g.step->replay();
   return g.logits;

@@ -2,6 +2,9 @@
 // sequences that each bring one token runs the graph of the smallest bucket B >= S, its inputs padded
 // with rows that read and write only a reserved padding KV block. Graphs are recorded largest bucket
 // first, so the workspaces the ops grow are at their final size before any graph captures them.
+// The ops may choose their kernels by the longest context a graph is recorded for (the decode
+// attention's grid does), so buckets of up to kShortContextBatch sequences have a second graph recorded
+// for contexts of at most kShortContext keys, which steps whose sequences all fit replay.
 #pragma once
 
 #include <cstdint>
@@ -35,12 +38,13 @@ class DecodeGraphs {
  private:
   struct Graph {
     int64_t batch = 0;
+    int64_t max_seq_len = 0;  // the longest context the graph is recorded for
     ForwardBatch inputs;  // device tensors the graph reads
     Tensor logits;        // device tensor the graph writes
     std::unique_ptr<RecordedStep> step;
   };
 
-  Graph& graph_for(int64_t num_seqs);
+  Graph& graph_for(int64_t num_seqs, int64_t longest);
   void record(Graph& graph);
   // The host tensors of a padded step for `batch` rows (all rows padding when `inputs` is empty).
   void fill(Graph& graph, const DecodeInputs* inputs);
@@ -50,7 +54,7 @@ class DecodeGraphs {
   int64_t max_blocks_per_seq_;
   int32_t pad_block_;
   bool enabled_ = false;
-  std::vector<Graph> graphs_;  // one per bucket, ascending
+  std::vector<Graph> graphs_;  // ascending by batch, then by context
 };
 
 }  // namespace nibble
