@@ -60,11 +60,6 @@ struct DecodeArgs {
   void* k_store;                 // the caches, where the new key and value go
   void* v_store;
   float k_store_scale, v_store_scale;  // FP8: code = value / scale
-  // Elements between a page's keys and between its heads: kv_heads · D and D as the cache is laid out
-  // (blocks, block_size, kv_heads, D); D and block_size · D under NIBBLE_KV_HEAD_MAJOR=1, a timing
-  // experiment that reads the same bytes as (blocks, kv_heads, block_size, D) (its results are not
-  // attention: nothing else lays the cache out so).
-  int64_t key_stride, head_stride;
 };
 
 static_assert(kThreads == kHeadDim, "the KV append takes an element of v a thread");
@@ -142,9 +137,8 @@ __global__ void __launch_bounds__(kThreads, kFp8 ? 3 : 1) decode_kernel(const __
   const int chunk = ((len + a.splits - 1) / a.splits + a.chunk_align - 1) / a.chunk_align * a.chunk_align;
   const int begin = sp * chunk, end = min(len, begin + chunk);
   const int64_t kv_width = int64_t{a.kv_heads} * kHeadDim;
-  const auto* k_base = static_cast<const uint8_t*>(a.k_cache) + kh * a.head_stride * kElemBytes;
-  const auto* v_base = static_cast<const uint8_t*>(a.v_cache) + kh * a.head_stride * kElemBytes;
-  const int64_t page_elems = a.block_size * kv_width;
+  const auto* k_base = static_cast<const uint8_t*>(a.k_cache) + int64_t{kh} * kHeadDim * kElemBytes;
+  const auto* v_base = static_cast<const uint8_t*>(a.v_cache) + int64_t{kh} * kHeadDim * kElemBytes;
   const int32_t* table = a.block_tables + s * a.max_blocks;
 
   // A tile's keys and values: lane i finds the slot of the tile's key i. K: n-tile c's key 8c + g,
@@ -154,12 +148,12 @@ __global__ void __launch_bounds__(kThreads, kFp8 ? 3 : 1) decode_kernel(const __
   uint4 k_raw[4][kKVecs];
   VWord v_raw[2][4][4];
   auto load_tile = [&](int tile) {
-    const int key = tile + lane;  // its row's first element (of head kh), -1 past end
-    const int64_t at = key < end ? table[key / a.block_size] * page_elems + key % a.block_size * a.key_stride : -1;
+    const int key = tile + lane;
+    const int64_t slot = key < end ? int64_t{table[key / a.block_size]} * a.block_size + key % a.block_size : -1;
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
-      const int64_t ks = __shfl_sync(0xFFFFFFFFu, at, 8 * c + g);
-      const auto* row = reinterpret_cast<const uint4*>(k_base + (ks + 32 * t) * kElemBytes);
+      const int64_t ks = __shfl_sync(0xFFFFFFFFu, slot, 8 * c + g);
+      const auto* row = reinterpret_cast<const uint4*>(k_base + (ks * kv_width + 32 * t) * kElemBytes);
 #pragma unroll
       for (int v = 0; v < kKVecs; ++v) k_raw[c][v] = ks >= 0 ? row[v] : make_uint4(0, 0, 0, 0);
     }
@@ -167,11 +161,11 @@ __global__ void __launch_bounds__(kThreads, kFp8 ? 3 : 1) decode_kernel(const __
     for (int u = 0; u < 2; ++u)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int64_t vs = __shfl_sync(0xFFFFFFFFu, at, 16 * u + 2 * t + (e & 1) + 8 * (e >> 1));
+        const int64_t vs = __shfl_sync(0xFFFFFFFFu, slot, 16 * u + 2 * t + (e & 1) + 8 * (e >> 1));
 #pragma unroll
         for (int b = 0; b < 4; ++b)
-          v_raw[u][e][b] =
-              vs >= 0 ? *reinterpret_cast<const VWord*>(v_base + (vs + 32 * b + 4 * g) * kElemBytes) : VWord{};
+          v_raw[u][e][b] = vs >= 0 ? *reinterpret_cast<const VWord*>(v_base + (vs * kv_width + 32 * b + 4 * g) * kElemBytes)
+                                   : VWord{};
       }
   };
   const int tiles = begin < end ? (end - begin + kWarpKeys - 1) / kWarpKeys : 0;
@@ -442,12 +436,6 @@ std::optional<Merge> merge_setting() {  // none: by the rule of decode_grid
   return setting;
 }
 
-// NIBBLE_KV_HEAD_MAJOR=1 (DecodeArgs::key_stride; a timing experiment).
-bool head_major() {
-  static const bool on = env_switch("NIBBLE_KV_HEAD_MAJOR");
-  return on;
-}
-
 // The decode kernel of a launch: FP8 or BF16 cache, the slices merged in their cluster or by merge_kernel.
 using DecodeKernel = void (*)(DecodeArgs);
 DecodeKernel decode_kernel_for(bool fp8, bool cluster) {
@@ -558,9 +546,7 @@ void attention_decode(const Tensor& qkv, KvCacheLayer& cache, KvCacheDType cache
                      .inv_freq = inv_freq != nullptr ? inv_freq->data<float>() : nullptr,
                      .positions = batch.positions.data<int32_t>(), .slot_mapping = batch.slot_mapping.data<int32_t>(),
                      .k_store = cache.k.raw(), .v_store = cache.v.raw(), .k_store_scale = params.k_scale,
-                     .v_store_scale = params.v_scale,
-                     .key_stride = head_major() ? kHeadDim : params.num_kv_heads * kHeadDim,
-                     .head_stride = head_major() ? cache.k.dim(1) * kHeadDim : kHeadDim};
+                     .v_store_scale = params.v_scale};
   const DecodeKernel kernel = decode_kernel_for(fp8, cluster);
   const dim3 grid(static_cast<unsigned>(splits), static_cast<unsigned>(params.num_kv_heads), static_cast<unsigned>(S));
   if (cluster) {
