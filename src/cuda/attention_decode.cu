@@ -501,10 +501,7 @@ DecodeGrid decode_grid(const ForwardBatch& batch, const AttentionParams& params,
   int splits = static_cast<int>(std::clamp<int64_t>((aim + pairs - 1) / pairs, 1, kMaxSplits));
   const std::optional<Merge> setting = merge_setting();
   if (setting == Merge::kCluster || (!setting && batch.max_seq_len <= kClusterMaxKeys)) {
-    // 16 slices a pair where the device takes them (else 8), or 8 where 16 would overflow one wave
-    // (Mixtral-8x7B's 4 sequences: 256 blocks of 396 slots, not 512).
-    const int most = std::min(splits, max_cluster_slices(fp8));
-    const int clustered = most * pairs <= slots || most <= 8 ? most : 8;
+    const int clustered = std::min(splits, max_cluster_slices(fp8));
     if (setting == Merge::kCluster || clustered * pairs <= slots)
       return {.splits = clustered, .cluster = true, .blocks = clustered * pairs, .slots = slots};
   }
