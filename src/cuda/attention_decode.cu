@@ -476,7 +476,10 @@ int max_cluster_slices(bool fp8) {
 // out SMs that hold more blocks than others). The cluster merge wins only where its grid is one wave:
 // measured on an H200 (bench/RESULTS.md, fourteenth session, CudaOpsTwin.DecodeAttentionTiming, 1025
 // keys, µs a call, cluster / kernel), batch 1 Mixtral-8x7B 10.5 / 13.0 and Grok-1 12.9 / 15.5, batch 32
-// Grok-1 100.4 / 53.2 (a second wave of clusters, 16 blocks each, waits on the first whole).
+// Grok-1 100.4 / 53.2 (a second wave of clusters, 16 blocks each, waits on the first whole). Not kept
+// (seventeenth session, the engine's bucket of 4 sequences, Mixtral-8x7B, ms a step, A/B in one call):
+// 8 slices a pair in the cluster where 16 overflow one wave (256 blocks) took batch 4 in 6.36 against
+// 6.51 with merge_kernel, but batch 3 (the same graph, a row of padding) in 6.32 against 6.20-6.22.
 struct DecodeGrid {
   int splits;
   bool cluster;
