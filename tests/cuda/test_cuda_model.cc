@@ -944,6 +944,38 @@ TEST(CudaEngine, GraphsMatchEagerSteps) {
   EXPECT_EQ(graphs, eager);
 }
 
+// Decode graphs across the short context class (decode_graphs.h): a request that passes 8192 keys while
+// decoding, beside two short ones, gives the tokens of eager steps (graphs recorded for 8192 keys, then
+// for the whole context, 9600). The tiny model's heads (head_dim 16) take the plain attention kernel,
+// whose shared memory holds a step's max_seq_len scores: a step of 8200 keys replaying a graph
+// recorded for 8192 would overrun it.
+TEST(CudaEngine, GraphsMatchEagerStepsAcrossTheShortContext) {
+  SKIP_WITHOUT_GPU();
+  constexpr char kModel[] = "tests/fixtures/tiny-mixtral";
+  cuda::CudaOps gpu;
+  ModelConfig config = load_model_config(kModel);
+  config.max_position_embeddings = 16384;  // past the short class (RoPE takes any position)
+  const Checkpoint ckpt = Checkpoint::open(kModel);
+  Model model(config, load_weights(ckpt, config, Quantization::kQuarkInt4Fp8Moe, gpu), gpu);
+  auto run = [&](CudaGraphs graphs) {
+    Engine engine(model, {.num_blocks = 600, .block_size = 16, .kv_dtype = KvCacheDType::kFp8E4M3,
+                          .scheduler = {}, .cuda_graphs = graphs});
+    std::map<int64_t, std::vector<int32_t>> out;
+    for (const int length : {8180, 9, 40}) {
+      std::vector<int32_t> prompt{1};
+      for (int i = 1; i < length; ++i) prompt.push_back(300 + (37 * i + length) % 200);
+      engine.add_request(prompt, {.sampling = {}, .max_tokens = 24, .stop_token_ids = {}, .ignore_eos = true});
+    }
+    while (engine.has_unfinished())
+      for (const StepOutput& o : engine.step()) out[o.id].push_back(o.token);
+    return out;
+  };
+  const auto eager = run(CudaGraphs::kOff), graphs = run(CudaGraphs::kOn);
+  ASSERT_EQ(eager.size(), 3u);
+  for (const auto& [id, tokens] : eager) EXPECT_EQ(tokens.size(), 24u) << "request " << id;
+  EXPECT_EQ(graphs, eager);
+}
+
 INSTANTIATE_TEST_SUITE_P(Schemes, CudaTinyMixtral,
                          ::testing::Combine(::testing::Values(Quantization::kNone, Quantization::kFp8,
                                                               Quantization::kQuarkInt4Fp8Moe),
