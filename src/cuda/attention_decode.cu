@@ -49,7 +49,8 @@ struct DecodeArgs {
   float* part_acc;             // (S, Hq, splits, D): Σ p·v of each slice, unnormalized
   float* part_ml;              // (S, Hq, splits, 2): running max and Σ p of each slice
   bf16* out;                   // (S, Hq·D)
-  int64_t width, max_blocks, block_size;
+  int64_t width, max_blocks;
+  int block_size;  // 32-bit: a tile's key / block_size in its load's dependency chain
   int heads, kv_heads, group, splits;
   int chunk_align;  // a slice's keys are a multiple of this (kWarps · kWarpKeys: every warp the same tiles)
   float q_scale, logit_softcap, v_scale;
@@ -151,7 +152,8 @@ __global__ void __launch_bounds__(kThreads, kFp8 ? 3 : 1) decode_kernel(const __
   VWord v_raw[2][4][4];
   auto load_tile = [&](int tile) {
     const int key = tile + lane;
-    const int64_t slot = key < end ? int64_t{table[key / a.block_size]} * a.block_size + key % a.block_size : -1;
+    const int page = static_cast<int>(static_cast<unsigned>(key) / static_cast<unsigned>(a.block_size));
+    const int64_t slot = key < end ? int64_t{table[page]} * a.block_size + (key - page * a.block_size) : -1;
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
       const int64_t ks = __shfl_sync(0xFFFFFFFFu, slot, 8 * c + g);
@@ -542,7 +544,7 @@ void attention_decode(const Tensor& qkv, KvCacheLayer& cache, KvCacheDType cache
                      .block_tables = batch.block_tables.data<int32_t>(), .seq_lens = batch.seq_lens.data<int32_t>(),
                      .part_acc = cluster ? nullptr : part_acc.data<float>(),
                      .part_ml = cluster ? nullptr : part_ml.data<float>(), .out = out.data<bf16>(),
-                     .width = qkv.dim(1), .max_blocks = batch.block_tables.dim(1), .block_size = cache.k.dim(1),
+                     .width = qkv.dim(1), .max_blocks = batch.block_tables.dim(1), .block_size = static_cast<int>(cache.k.dim(1)),
                      .heads = static_cast<int>(Hq), .kv_heads = static_cast<int>(params.num_kv_heads),
                      .group = static_cast<int>(Hq / params.num_kv_heads), .splits = splits,
                      .chunk_align = chunk_align(),
