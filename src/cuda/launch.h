@@ -4,8 +4,12 @@
 // its first access to memory that earlier work writes (ptx.cuh), and ptx::launch_dependents() only
 // after it. So when a kernel starts, every kernel two or more launches back in its stream has
 // completed: what they wrote (the MoE routing, for the MoE GEMM's early weight copies) may be read
-// before the wait; constant data (weights) always may. NIBBLE_PDL=0 in the environment launches without the
-// attribute (plain stream order). Not for cuBLAS(Lt) or NCCL work, which launches its own kernels.
+// before the wait; constant data (weights) always may. One exception: the MoE activation kernel
+// (moe_quantize.cu) triggers before its wait, so that the down GEMM's blocks start their weight copies
+// while gate_up's last blocks still run; the down GEMM reads before its wait only the weights and the
+// routing, which is complete once any gate_up block has passed its own wait. NIBBLE_PDL=0 in the
+// environment launches without the attribute (plain stream order). Not for cuBLAS(Lt) or NCCL work,
+// which launches its own kernels.
 #pragma once
 
 #include <cuda_runtime.h>

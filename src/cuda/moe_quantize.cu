@@ -115,6 +115,20 @@ __device__ inline float4 activated_float4(const ActivationArgs& p, int64_t r, in
           activate(p.activation, gate.z) * up.z, activate(p.activation, gate.w) * up.w};
 }
 
+// The activation kernels let the down GEMM launch before they wait for gate_up (launch.h: the one
+// exception), so that its blocks take the SMs gate_up's blocks leave and start streaming weights
+// there: its early copies no longer wait for gate_up to finish and this kernel to start. Not the first
+// pass under tensor parallelism (amax_out), which a reduction of the amaxes follows. Measured on an
+// H200 (bench/RESULTS.md, eighteenth session, Mixtral-8x7B W4A8 decode, ms a step, triggering after
+// the wait / before): batch 1 3.50 / 3.41, batch 8 8.01 / 7.93; batch 32 and Grok-1's tp 2 rank
+// unchanged.
+__device__ inline void activation_dependency_wait(const ActivationArgs& p) {
+  const bool early = p.amax_out == nullptr;
+  if (early) ptx::launch_dependents();
+  ptx::grid_dependency_wait();
+  if (!early) ptx::launch_dependents();
+}
+
 constexpr int kActThreads = 256;
 constexpr int kActCluster = 8;  // the portable cluster size
 constexpr int64_t kActMaxCols = kMaxCols / kActCluster;
@@ -123,8 +137,7 @@ __global__ void __launch_bounds__(kActThreads) activation_kernel(const __grid_co
   __shared__ __align__(16) float values[kActMaxCols];  // this block's columns, read as float4
   __shared__ float reduce[32];
   __shared__ float block_amax, row_amax, unused_scale;
-  ptx::grid_dependency_wait();
-  ptx::launch_dependents();
+  activation_dependency_wait(p);
   cg::cluster_group cluster = cg::this_cluster();
   const int64_t I = p.intermediate, row_blocks = I / kRowBlock;
   const auto C = static_cast<int64_t>(cluster.num_blocks()), q = static_cast<int64_t>(cluster.block_rank());
@@ -189,8 +202,7 @@ constexpr int64_t kActRowMaxUnits = 2 * kActRowThreads;  // I up to 16384
 template <int kUnits>
 __global__ void __launch_bounds__(kActRowThreads) activation_rows_kernel(const __grid_constant__ ActivationArgs p) {
   __shared__ float warp_amax[kActRowThreads / 32];
-  ptx::grid_dependency_wait();
-  ptx::launch_dependents();
+  activation_dependency_wait(p);
   const int64_t r = blockIdx.x, I = p.intermediate, units = I / 8;
   uint8_t* codes = p.codes + r * I;
   float* sums = p.sums + r * (I / kRowBlock);
