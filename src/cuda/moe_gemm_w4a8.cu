@@ -54,7 +54,9 @@ constexpr int kMinUnitsPerSm = 2;
 // dependency wait; NIBBLE_MOE_EARLY_L2_STAGES overrides it (tuning). Measured on an H200
 // (bench/RESULTS.md, 2026-11-30, nibble-bench-moe, the MoE layer graph-replayed, µs at 0 / 4 / 8
 // stages): Mixtral 1 token 81.1 / 84.0 / 85.5, 32 tokens 237.8 / 239.3 / 242.0; Grok-1 tp 2 1 token
-// 110.6 / 113.8 / 116.4, 32 tokens 367.5 / 370.5 / 371.5. So none.
+// 110.6 / 113.8 / 116.4, 32 tokens 367.5 / 370.5 / 371.5. So none. Again with the down GEMM launched as
+// the activation starts (eighteenth session, Mixtral-8x7B W4A8 decode, ms a step at 0 / 4 / 10 stages):
+// batch 1 3.40 / 3.45 / 3.52, batch 32 9.63 / 9.71.
 constexpr int kEarlyL2Stages = 0;
 // Timing experiments (bench/RESULTS.md): NIBBLE_MOE_LEAVE_OUT is a sum of what is left out: 1 the
 // consumers' math, 2 the activation copies, 4 the weight copies (wrong results; the time of the rest).
