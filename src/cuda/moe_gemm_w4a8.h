@@ -71,7 +71,7 @@ struct GemmW4A8Args {
                                 // grid dependency wait (routing_settled only)
   int leave_out = 0;            // set by the launch (timing experiments only): a sum of 1 the tensor-core
                                 // math, 2 the activation copies, 4 the weight copies
-  bool evict_first = false;     // set by the launch (NIBBLE_MOE_EVICT_FIRST, an experiment): the weights'
+  bool evict_first = false;     // set by the launch (NIBBLE_MOE_EVICT_FIRST, 1 by default): the weights'
                                 // copies ask L2 to evict them first
   int consumer_groups = 0;      // wgmma consumer warpgroups a block, 1 or 2 (INT4 only); 0: the
                                 // NIBBLE_MOE_CONSUMER_GROUPS setting, else by shape (as choose_k_splits)
