@@ -38,11 +38,18 @@ __device__ void write_zero_row(uint8_t* codes, int64_t cols, float* scale, float
 // never staged. A 64-wide block of sums is 8 consecutive units: 8 consecutive lanes of one warp. The
 // codes and the scale are the staged kernel's (a max has no rounding); the sums too, since any sum of
 // 64 FP8 e4m3 values is exact in fp32 (multiples of 2^-9 below 2^15), whatever its order.
+//
+// Rows of more than 8 units a thread at 256 threads (over 16384 columns) take up to 512 threads in
+// their own kernel (wide_quantize_rows_kernel): 16 units a thread put the row in local memory (896
+// bytes of stack a thread, ptxas).
 constexpr int kQuantThreads = 256;
+constexpr int kQuantMaxThreads = 512;
+constexpr int kQuantMaxUnits = 8;
+static_assert(kMaxCols / 8 <= int64_t{kQuantMaxThreads} * kQuantMaxUnits, "the widest row fits one block");
 
+// warp_amax: a float of shared memory a warp.
 template <int kUnits>
-__global__ void __launch_bounds__(kQuantThreads) quantize_rows_kernel(const __grid_constant__ QuantizeRowsArgs p) {
-  __shared__ float warp_amax[kQuantThreads / 32];
+__device__ void quantize_row(const QuantizeRowsArgs& p, float* warp_amax) {
   ptx::grid_dependency_wait();
   ptx::launch_dependents();
   const int64_t r = blockIdx.x, units = p.cols / 8;
@@ -80,6 +87,18 @@ __global__ void __launch_bounds__(kQuantThreads) quantize_rows_kernel(const __gr
                           .count = p.sorted_codes != nullptr ? p.top_k : 0, .cols = p.cols};
   store_units_fp8(v, units, scale, codes, sums, copies);
   if (threadIdx.x == 0) p.scale[r] = scale;
+}
+
+template <int kUnits>
+__global__ void __launch_bounds__(kQuantThreads) quantize_rows_kernel(const __grid_constant__ QuantizeRowsArgs p) {
+  __shared__ float warp_amax[kQuantThreads / 32];
+  quantize_row<kUnits>(p, warp_amax);
+}
+
+// (512, 1): without the block count ptxas kept the row in local memory here too.
+__global__ void __launch_bounds__(kQuantMaxThreads, 1) wide_quantize_rows_kernel(const __grid_constant__ QuantizeRowsArgs p) {
+  __shared__ float warp_amax[kQuantMaxThreads / 32];
+  quantize_row<kQuantMaxUnits>(p, warp_amax);
 }
 
 template <int kUnits>
@@ -273,9 +292,16 @@ void quantize_rows_fp8(const QuantizeRowsArgs& p, cudaStream_t stream) {
   check(p.sorted_codes == nullptr || (p.row_pos != nullptr && p.top_k >= 1 && p.src_row == nullptr),
         "quantize_rows_fp8: routed copies need row_pos and top_k, and no gather");
   if (p.rows == 0) return;
-  // Up to 256 threads (a multiple of 8 lanes: whole 64-blocks in a warp) holding 1 to 16 units each.
+  // Up to 256 threads (a multiple of 8 lanes: whole 64-blocks in a warp) holding 1 to 8 units each,
+  // or 512 for rows longer than that.
   const int64_t units = p.cols / 8;
   const int threads = static_cast<int>(std::min<int64_t>(kQuantThreads, (units + 31) / 32 * 32));
+  if (units > int64_t{threads} * kQuantMaxUnits) {
+    const int64_t wide = (units + kQuantMaxUnits - 1) / kQuantMaxUnits;  // threads at 8 units each
+    launch_kernel(wide_quantize_rows_kernel, static_cast<unsigned>(p.rows),
+                  static_cast<int>(std::min<int64_t>(kQuantMaxThreads, (wide + 31) / 32 * 32)), 0, stream, p);
+    return cuda_check(cudaGetLastError());
+  }
   const int64_t per_thread = (units + threads - 1) / threads;
   if (per_thread <= 1)
     launch_quantize_rows<1>(p, threads, stream);
@@ -283,10 +309,8 @@ void quantize_rows_fp8(const QuantizeRowsArgs& p, cudaStream_t stream) {
     launch_quantize_rows<2>(p, threads, stream);
   else if (per_thread <= 4)
     launch_quantize_rows<4>(p, threads, stream);
-  else if (per_thread <= 8)
-    launch_quantize_rows<8>(p, threads, stream);
   else
-    launch_quantize_rows<16>(p, threads, stream);
+    launch_quantize_rows<kQuantMaxUnits>(p, threads, stream);
   cuda_check(cudaGetLastError());
 }
 

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <iostream>
 #include <numeric>
+#include <string>
 
 #include "core/fp8.h"
 #include "cpu/cpu_ops.h"
@@ -594,6 +595,48 @@ TEST(RouteAndGroup, MatchesHostRouting) {
               << " near-tied tokens skipped\n";
     EXPECT_LE(ties, T / 10 + 1);
   }
+}
+
+// quantize_rows_fp8 against the CPU twin's definition (quantize_fp8_row): each row's codes and scale
+// bit for bit, and each 64-block's sum of the codes' values; dynamic and static scales, a gather with
+// a padding row (zero codes, scale and sums), rows of 1 to 8 units a thread and, past 16384 columns,
+// the wide kernel (up to 512 threads); outputs poisoned, every element checked.
+TEST(QuantizeRows, MatchesCpuTwin) {
+  SKIP_WITHOUT_GPU();
+  for (const int64_t cols : {64, 1088, 4096, 14336, 16384, 18432, 32768})
+    for (const bool gather : {false, true})
+      for (const float static_scale : {0.0f, 0.004f}) {
+        const int64_t src_rows = 3, R = gather ? 4 : src_rows;
+        const Tensor x = to_bf16(random_f32({src_rows, cols}, static_cast<uint32_t>(cols + gather), 2.0f));
+        const std::vector<int32_t> src = gather ? std::vector<int32_t>{2, -1, 0, 2} : std::vector<int32_t>{0, 1, 2};
+        const Tensor d_x = cuda::upload(x), d_src = cuda::upload(i32_tensor(src));
+        Tensor codes = poisoned(DType::kU8, {R, cols}), scale = poisoned(DType::kF32, {R}),
+               sums = poisoned(DType::kF32, {R, cols / 64});
+        cuda::quantize_rows_fp8({.x = d_x.raw(), .codes = codes.data<uint8_t>(), .scale = scale.data<float>(),
+                                 .sums = sums.data<float>(), .rows = R, .cols = cols, .static_scale = static_scale,
+                                 .src_row = gather ? d_src.data<int32_t>() : nullptr},
+                                nullptr);
+        const Tensor got_codes = cuda::download(codes), got_scale = cuda::download(scale),
+                     got_sums = cuda::download(sums);
+        const Tensor xf = to_f32(x);
+        std::vector<uint8_t> want(cols);
+        for (int64_t r = 0; r < R; ++r) {
+          const std::string where = "cols " + std::to_string(cols) + (gather ? " gathered" : "") +
+                                    (static_scale > 0.0f ? " static" : "") + " row " + std::to_string(r);
+          float want_scale = 0.0f;
+          std::fill(want.begin(), want.end(), uint8_t{0});
+          if (src[r] >= 0)
+            want_scale = quantize_fp8_row({xf.data<float>() + src[r] * cols, static_cast<size_t>(cols)}, want,
+                                          static_scale);
+          EXPECT_EQ(got_scale.data<float>()[r], want_scale) << where;
+          EXPECT_EQ(std::memcmp(got_codes.data<uint8_t>() + r * cols, want.data(), cols), 0) << where;
+          for (int64_t b = 0; b < cols / 64; ++b) {
+            float sum = 0.0f;  // exact in fp32 in any order
+            for (int64_t i = b * 64; i < b * 64 + 64; ++i) sum += fp8_e4m3_to_float(want[i]);
+            EXPECT_EQ(got_sums.data<float>()[r * (cols / 64) + b], sum) << where << " block " << b;
+          }
+        }
+      }
 }
 
 // route_and_group given x's quantization: inside the routing launch (one block a token, up to 8
