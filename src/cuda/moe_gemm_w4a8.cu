@@ -634,7 +634,7 @@ void launch(const GemmW4A8Args& p, cudaStream_t stream) {
   // The weights are read once a step: their copies ask L2 to evict them first, so that they do not
   // push out what the step reads again (activations, the KV cache, the next kernels' inputs).
   // Measured on an H200 (bench/RESULTS.md, nineteenth session, Mixtral-8x7B W4A8 decode, ms a step,
-  // evict first / normal): batch 1 3.35-3.36 / 3.42-3.44, batch 8 7.89-7.92 / 7.95, batch 32 equal.
+  // evict first / normal): batch 1 3.35-3.39 / 3.42-3.44, batch 8 7.89-7.92 / 7.95, batch 32 equal.
   static const bool evict_first = env_or("NIBBLE_MOE_EVICT_FIRST", 1) != 0;
   GemmW4A8Args args = p;
   args.prefetch_stages = prefetch_stages;
