@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
 """Where one decode step's time goes with the kernels overlapping (programmatic dependent launch):
-reads the CSV of `nsys stats --report cuda_gpu_trace --format csv` for a run of `nibble bench-one-batch`
-traced with `--cuda-graph-trace=node`, cuts the kernels into decode steps at each embedding kernel, and
-for step --step prints, by kernel (and its place in a layer), the time it moves the step's end on:
-its end minus the latest end before it (zero when it ends inside an earlier kernel), its own duration,
-and the gap before it started (idle GPU). scripts/gpu-check's `timeline` mode runs it.
+reads a kernel trace of `nibble bench-one-batch` (CSV with "Start (ns)", "Duration (ns)" and "Name"
+columns: bench/kernel_trace.cc writes one, as does `nsys stats --report cuda_gpu_trace --format csv`
+on a trace taken with `--cuda-graph-trace=node`), cuts the kernels into decode steps at each embedding
+kernel, and for step --step prints, by kernel (and its place in a layer), the time it moves the
+step's end on: its end minus the latest end before it (zero when it ends inside an earlier kernel),
+its own duration, and the gap before it started (idle GPU). scripts/gpu-check's `timeline` mode runs it.
 
-    tools/summarize_nsys_step.py trace.csv [--step 3] [--layer 10]
+    tools/summarize_kernel_timeline.py trace.csv [--step 3] [--layer 10]
 
 --layer also lists that layer's kernels one by one (a layer starts at each RMSNorm that follows a
 combine, or at the step's first RMSNorm)."""
