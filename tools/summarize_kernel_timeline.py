@@ -3,11 +3,11 @@
 reads a kernel trace of `nibble bench-one-batch` (CSV with "Start (ns)", "Duration (ns)" and "Name"
 columns: bench/kernel_trace.cc writes one, as does `nsys stats --report cuda_gpu_trace --format csv`
 on a trace taken with `--cuda-graph-trace=node`), cuts the kernels into decode steps at each embedding
-kernel, and for step --step prints, by kernel (and its place in a layer), the time it moves the
+kernel, and for step --step (by default the last but one) prints, by kernel (and its place in a layer), the time it moves the
 step's end on: its end minus the latest end before it (zero when it ends inside an earlier kernel),
 its own duration, and the gap before it started (idle GPU). scripts/gpu-check's `timeline` mode runs it.
 
-    tools/summarize_kernel_timeline.py trace.csv [--step 3] [--layer 10]
+    tools/summarize_kernel_timeline.py trace.csv [--step -2] [--layer 10]
 
 --layer also lists that layer's kernels one by one (a layer starts at each RMSNorm that follows a
 combine, or at the step's first RMSNorm)."""
@@ -20,7 +20,7 @@ import sys
 
 
 def short_name(name: str) -> str:
-    name = re.sub(r"nibble::(<unnamed>|\(anonymous namespace\))::", "", name)
+    name = re.sub(r"nibble::(cuda::)?(<unnamed>|\(anonymous namespace\))::", "", name)
     name = re.sub(r"\(.*$", "", name)
     name = re.sub(r"^void ", "", name)
     return name if len(name) <= 60 else name[:57] + "..."
@@ -36,7 +36,9 @@ def column(fields, prefix):
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("csv_file")
-    ap.add_argument("--step", type=int, default=3, help="which decode step (1 = the first after prefill)")
+    ap.add_argument("--step", type=int, default=-2,
+                    help="which step, counted from 0 over the whole run (warm-up and graph captures included); "
+                    "negative counts from the end: -2, the last step but one, is a replayed decode step")
     ap.add_argument("--layer", type=int, default=10)
     args = ap.parse_args()
     text = open(args.csv_file, encoding="utf-8", errors="replace").read()
@@ -61,10 +63,11 @@ def main() -> int:
     kernels.sort()
     # Steps: each embedding kernel starts one (the prefill's first, then every decode step's).
     starts = [i for i, k in enumerate(kernels) if k[2].startswith("embedding_kernel")]
-    if len(starts) < args.step + 2:
-        print(f"only {len(starts)} embedding kernels: no decode step {args.step}")
+    segments = list(zip(starts, starts[1:] + [len(kernels)]))
+    if not -len(segments) <= args.step < len(segments):
+        print(f"{len(segments)} steps (embedding kernels): no step {args.step}")
         return 1
-    first, last = starts[args.step], starts[args.step + 1]
+    first, last = segments[args.step]
     step = kernels[first:last]
     wall = max(e for _, e, _ in step) - step[0][0]
     # Each kernel's place in its layer: the n-th call of that name since the layer's first RMSNorm.
@@ -93,7 +96,7 @@ def main() -> int:
             rows.append((label, s, e, x, g))
         latest = max(latest, e)
     total = sum(exposed.values())
-    print(f"decode step {args.step}: {len(step)} kernels, {wall / 1e3:.1f} µs from the first start to the last end")
+    print(f"step {args.step}: {len(step)} kernels, {wall / 1e3:.1f} µs from the first start to the last end")
     print(f"{'exposed µs':>10} {'share':>6} {'own µs':>8} {'idle µs':>8} {'calls':>5}  kernel #place in layer")
     for label, x in sorted(exposed.items(), key=lambda kv: -kv[1]):
         print(f"{x / 1e3:10.1f} {100 * x / total:5.1f}% {own[label] / 1e3:8.1f} {gap[label] / 1e3:8.1f} {calls[label]:5d}  {label}")
