@@ -78,11 +78,14 @@ constexpr int64_t kTwoGroupsMinN = 16384;
 // 1024 1701.8 / 1378.3, 4096 6204.5 / 4694.6; Grok-1 tp 2 256 965.8 / 855.4, 1024 2939.4 / 2261.4.
 constexpr int kMaxTileRows = 128;
 // The decode tiles' tensor-core instructions (moe_gemm_w4a8.h: GemmMath) unless NIBBLE_MOE_MATH says:
-// mma.sync for tiles of 8 rows, wgmma above. Measured on an H200 (bench/RESULTS.md, 2026-11-30), ncu
-// µs of gate_up / down: Mixtral 1 token 37.3 / 22.0 against 42.3 / 34.7, Grok-1 (tp 2) 8 tokens
-// 187.1 / 98.9 against 187.5 / 105.8; with 16-row tiles wgmma wins (Mixtral 32 tokens 166.3 / 80.5
-// against 170.0 / 85.1).
-constexpr int kMmaMaxTokenTiles = 1;
+// wgmma for every tile (mma.sync for tiles of up to kMmaMaxTokenTiles 8-row tiles: none). Measured on an
+// H200: in the sixth session (ncu µs of gate_up / down) mma.sync won at 8-row tiles, Mixtral 1 token
+// 37.3 / 22.0 against 42.3 / 34.7, Grok-1 (tp 2) 8 tokens 187.1 / 98.9 against 187.5 / 105.8, and lost
+// at 16 (Mixtral 32 tokens 166.3 / 80.5 against 170.0 / 85.1). In the twentieth session, with the
+// weights' early copies and the routing settled two launches back (the wgmma tiles read x in sorted
+// order, quantized in its own launch), Mixtral-8x7B W4A8 decode, ms a step, wgmma / mma.sync, runs
+// interleaved in one call: batch 1 3.34, 3.34 / 3.38, 3.40; batch 8 7.56, 7.55 / 7.89, 7.83 (bench/RESULTS.md).
+constexpr int kMmaMaxTokenTiles = 0;
 // Blocks an SM should hold for tiles of up to 16 rows, one and two consumer warpgroups (an experiment
 // can build others: -DNIBBLE_MOE_BLOCKS_2G=3).
 #ifndef NIBBLE_MOE_BLOCKS_1G

@@ -32,8 +32,8 @@ enum class ExpertWeightFormat : uint8_t { kInt4, kFp8 };
 // kMmaSync: each warp mma.sync m16n8k16 f16 over all 64 channels of one K block of the stage (the
 // nibbles as f16 subnormals, the FP8 activations converted to f16, both exact; the four warps' partial
 // sums added in shared memory at the end of a unit).
-// kDefault: NIBBLE_MOE_MATH (wgmma or mma), else mma.sync for tiles of 8 rows and wgmma for 16
-// (moe_gemm_w4a8.cu: measured).
+// kDefault: NIBBLE_MOE_MATH (wgmma or mma), else wgmma (moe_gemm_w4a8.cu: measured; mma.sync won
+// for tiles of 8 rows until the twentieth session).
 enum class GemmMath : uint8_t { kDefault, kWgmma, kMmaSync };
 
 // codes: I32 (E, N, K/8) in the on-disk reorder packing (quant/int4.h), on the CPU.
