@@ -37,14 +37,30 @@ __device__ inline void mbarrier_expect_tx(uint64_t* bar, uint32_t bytes) {
   asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;\n" ::"r"(smem_address(bar)), "r"(bytes)
                : "memory");
 }
+// Waits for the phase of `bar` with this parity to complete. Each try_wait may suspend the thread until
+// the phase completes or a time limit passes: the system's, or with -DNIBBLE_MBARRIER_SUSPEND_NS=N (an
+// experiment, not yet measured: with the system's limit the wait loops of the MoE GEMM's consumers were
+// a quarter of their executed instructions, eighth session) a hint of N ns.
+#ifndef NIBBLE_MBARRIER_SUSPEND_NS
+#define NIBBLE_MBARRIER_SUSPEND_NS 0
+#endif
 __device__ inline void mbarrier_wait(uint64_t* bar, uint32_t parity) {
   uint32_t done = 0;
-  while (!done)
-    asm volatile(
-        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(smem_address(bar)), "r"(parity)
-        : "memory");
+  while (!done) {
+    if constexpr (NIBBLE_MBARRIER_SUSPEND_NS > 0) {
+      asm volatile(
+          "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2, %3;\nselp.u32 %0, 1, 0, p;\n}\n"
+          : "=r"(done)
+          : "r"(smem_address(bar)), "r"(parity), "r"(static_cast<uint32_t>(NIBBLE_MBARRIER_SUSPEND_NS))
+          : "memory");
+    } else {
+      asm volatile(
+          "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+          : "=r"(done)
+          : "r"(smem_address(bar)), "r"(parity)
+          : "memory");
+    }
+  }
 }
 // Arrives on `bar` (one of its expected arrivals).
 __device__ inline void mbarrier_arrive(uint64_t* bar) {
