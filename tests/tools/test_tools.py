@@ -1,0 +1,75 @@
+#!/usr/bin/env python3
+"""tools/summarize_kernel_timeline.py on a made-up trace whose per-kernel figures are worked out by
+hand: kernels that overlap (a kernel ending inside an earlier one adds nothing), an idle gap, the
+step taken by default (the last but one), the layer listing, and a trace without embedding kernels."""
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+
+TOOL = os.path.join(os.path.dirname(__file__), "..", "..", "tools", "summarize_kernel_timeline.py")
+
+# One step, times in ns from the step's start: (start, end, name).
+STEP = [
+    (0, 1000, "nibble::cuda::(anonymous namespace)::embedding_kernel(int const*)"),
+    (1000, 4000, "void nibble::cuda::(anonymous namespace)::rms_norm_kernel<2, float>(Args)"),
+    (3000, 10000, "void nibble::cuda::(anonymous namespace)::fp8_gemv_kernel<1, 2>(Args)"),
+    (5000, 8000, "void nibble::cuda::(anonymous namespace)::fp8_gemv_kernel<1, 2>(Args)"),  # inside the one before
+    (12000, 15000, "void nibble::cuda::(anonymous namespace)::combine_kernel<float>(Args)"),  # 2 µs idle first
+    (15000, 16000, "void nibble::cuda::(anonymous namespace)::rms_norm_kernel<2, float>(Args)"),
+]
+
+
+def trace(steps, offsets):
+    lines = ['"Start (ns)","Duration (ns)","Name"']
+    for step, base in zip(steps, offsets):
+        for s, e, name in step:
+            lines.append(f'{base + s},{e - s},"{name}"')
+    return "\n".join(lines) + "\n"
+
+
+def run(text, *args):
+    with tempfile.NamedTemporaryFile("w", suffix=".csv", delete=False) as f:
+        f.write(text)
+    try:
+        return subprocess.run([sys.executable, TOOL, f.name, *args], capture_output=True, text=True)
+    finally:
+        os.unlink(f.name)
+
+
+def row(out, label):
+    for line in out.splitlines():
+        if line.rstrip().endswith(label):
+            return [float(x.rstrip("%")) for x in line.split()[:4]]
+    raise AssertionError(f"no row for {label!r} in:\n{out}")
+
+
+class SummarizeKernelTimeline(unittest.TestCase):
+    def test_exposed_own_and_idle_by_place_in_layer(self):
+        # Three steps; the default (-2) is the second, whose kernels are the first's shifted by 1 ms.
+        slow = [(s, e * 2, n) for s, e, n in STEP]  # a different first step, to tell them apart
+        result = run(trace([slow, STEP, STEP], [0, 1_000_000, 2_000_000]), "--layer", "1")
+        self.assertEqual(result.returncode, 0, result.stderr)
+        out = result.stdout
+        self.assertIn("step -2: 6 kernels, 16.0 µs", out)
+        # exposed, share, own, idle (µs): the second gemv ends inside the first and adds nothing.
+        self.assertEqual(row(out, "embedding_kernel #1")[0], 1.0)
+        # Both RMSNorms are the first of their layer: 3 + 1 µs.
+        self.assertEqual(row(out, "rms_norm_kernel<2, float> #1"), [4.0, 25.0, 4.0, 0.0])
+        self.assertEqual(row(out, "fp8_gemv_kernel<1, 2> #1"), [6.0, 37.5, 7.0, 0.0])
+        self.assertEqual(row(out, "fp8_gemv_kernel<1, 2> #2"), [0.0, 0.0, 3.0, 0.0])
+        self.assertEqual(row(out, "combine_kernel<float> #1"), [5.0, 31.2, 3.0, 2.0])
+        # The RMSNorm after the combine starts layer 2; --layer 1 lists layer 1's four kernels.
+        listing = out[out.index("layer 1, kernel by kernel"):]
+        self.assertEqual(len([l for l in listing.splitlines() if "#" in l]), 4)
+        self.assertNotIn("#2\n", listing.split("combine_kernel")[1])
+
+    def test_a_trace_without_steps_fails_clearly(self):
+        result = run(trace([STEP[1:]], [0]))
+        self.assertNotEqual(result.returncode, 0)
+        self.assertIn("no step", result.stdout)
+
+
+if __name__ == "__main__":
+    unittest.main()
