@@ -88,6 +88,9 @@ constexpr int kMaxTileRows = 128;
 constexpr int kMmaMaxTokenTiles = 0;
 // Blocks an SM should hold for tiles of up to 16 rows, one and two consumer warpgroups (an experiment
 // can build others: -DNIBBLE_MOE_BLOCKS_2G=3).
+#ifndef NIBBLE_MOE_UNIFORM_DESC
+#define NIBBLE_MOE_UNIFORM_DESC 0
+#endif
 #ifndef NIBBLE_MOE_BLOCKS_1G
 #define NIBBLE_MOE_BLOCKS_1G 4
 #endif
@@ -471,8 +474,16 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
     }
     // The activations' descriptors: slot 0's address field moved to this slot, K block and K step
     // (addresses stay below 2^18, so the 14-bit field takes the sum without a carry); the upper word
-    // is constant.
+    // is constant. With -DNIBBLE_MOE_UNIFORM_DESC=1 (an experiment, not yet measured) the slot's field
+    // comes through a shuffle from lane 0, which ptxas then keeps in uniform registers: the eight
+    // wgmma descriptors cost one R2UR and seven UIADD3 rather than sixteen R2UR and their moves, 9-12
+    // fewer SASS instructions a consumer warp a stage (cuobjdump, every wgmma tile but the 128-row one).
+#if NIBBLE_MOE_UNIFORM_DESC
+    const uint32_t slot_lo =
+        __shfl_sync(0xFFFFFFFFu, act_desc_lo + static_cast<uint32_t>(slot * T::kActSlotBytes >> 4), 0);
+#else
     const uint32_t slot_lo = act_desc_lo + static_cast<uint32_t>(slot * T::kActSlotBytes >> 4);
+#endif
     // One chain of m64 × kRows products (128-row tiles: n128, the tensor cores' best rate on A from
     // registers), then added to the fp32 sums.
     float d[kAcc];

@@ -40,7 +40,8 @@ __device__ inline void mbarrier_expect_tx(uint64_t* bar, uint32_t bytes) {
 // Waits for the phase of `bar` with this parity to complete. Each try_wait may suspend the thread until
 // the phase completes or a time limit passes: the system's, or with -DNIBBLE_MBARRIER_SUSPEND_NS=N (an
 // experiment, not yet measured: with the system's limit the wait loops of the MoE GEMM's consumers were
-// a quarter of their executed instructions, eighth session) a hint of N ns.
+// a quarter of their executed instructions, eighth session) a hint of N ns, which ptxas turns into a
+// NANOSLEEP.SYNCS between the tries (cuobjdump) rather than a YIELD.
 #ifndef NIBBLE_MBARRIER_SUSPEND_NS
 #define NIBBLE_MBARRIER_SUSPEND_NS 0
 #endif
