@@ -88,8 +88,9 @@ constexpr int kMaxTileRows = 128;
 constexpr int kMmaMaxTokenTiles = 0;
 // Blocks an SM should hold for tiles of up to 16 rows, one and two consumer warpgroups (an experiment
 // can build others: -DNIBBLE_MOE_BLOCKS_2G=3).
-#ifndef NIBBLE_MOE_UNIFORM_DESC
-#define NIBBLE_MOE_UNIFORM_DESC 0
+// -DNIBBLE_MOE_LEAN_CONSUMER=1: an experiment, not yet measured (the consumers' loop below).
+#ifndef NIBBLE_MOE_LEAN_CONSUMER
+#define NIBBLE_MOE_LEAN_CONSUMER 0
 #endif
 #ifndef NIBBLE_MOE_BLOCKS_1G
 #define NIBBLE_MOE_BLOCKS_1G 4
@@ -386,8 +387,30 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
     const int64_t pos = c.row_begin + r;
     return r < c.rows ? (p.act_row ? __ldg(p.act_row + pos) : pos) : -1;
   };
+  // The step's slot and the parity of its phase, its `full` barrier waited for and its `empty` one
+  // arrived on. NIBBLE_MOE_LEAN_CONSUMER=1 (an experiment, not yet measured) keeps the slot and parity
+  // as counters and the barriers' shared addresses in registers, where the plain loop recomputes them
+  // from the step and the shared window every stage, and passes the wgmma descriptors' slot field
+  // through a shuffle from lane 0, which ptxas then keeps in uniform registers (one R2UR and seven
+  // UIADD3 a stage rather than sixteen R2UR and their moves): 9-12 fewer SASS instructions a consumer
+  // warp a stage for the wgmma tiles but the 128-row one (cuobjdump, the descriptors alone).
+#if NIBBLE_MOE_LEAN_CONSUMER
+  // (Through a shuffle: ptxas otherwise rebuilds them from the shared window every stage.)
+  const uint32_t full0 = __shfl_sync(0xFFFFFFFFu, ptx::smem_address(&sm.full[0]), 0);
+  const uint32_t empty0 = __shfl_sync(0xFFFFFFFFu, ptx::smem_address(&sm.empty[0]), 0);
+  int slot = kStages - 1;
+  uint32_t parity = 1;
+#endif
   for (int step = 0; walk.valid(compute); ++step) {
+#if NIBBLE_MOE_LEAN_CONSUMER
+    if (++slot == kStages) slot = 0, parity ^= 1;
+    auto wait_full = [&] { ptx::mbarrier_wait_at(full0 + 8 * slot, parity); };
+    auto release = [&] { ptx::mbarrier_arrive_at(empty0 + 8 * slot); };
+#else
     const int slot = step % kStages;
+    auto wait_full = [&] { ptx::mbarrier_wait(&sm.full[slot], (step / kStages) & 1); };
+    auto release = [&] { ptx::mbarrier_arrive(&sm.empty[slot]); };
+#endif
     if constexpr (kEarlySums > 0) {
       if (compute.stage == compute.stages - 1) {
         const int64_t act_row = act_row_of(compute);
@@ -400,12 +423,12 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
         early_scale = act_row >= 0 ? __ldg(p.act_scale + act_row) : 0.0f;
       }
     }
-    ptx::mbarrier_wait(&sm.full[slot], (step / kStages) & 1);
+    wait_full();
 
     const int first = compute.kb_begin + compute.stage * kBlocksPerStage;
     const int nkb = min(kBlocksPerStage, compute.kb_begin + compute.kb_count - first);
     if (p.leave_out & kMath) {
-      if (kMma || lane == 0) ptx::mbarrier_arrive(&sm.empty[slot]);
+      if (kMma || lane == 0) release();
       walk.advance(compute, p);
       continue;
     }
@@ -428,7 +451,7 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
                                                 &sm.act[slot][(nt * 8 + g) * T::kActRowBytes + b * kGemmKBlock +
                                                               s * 16 + 4 * q])
                                           : 0u;
-        ptx::mbarrier_arrive(&sm.empty[slot]);  // this lane is done reading the slot
+        release();  // this lane is done reading the slot
 #pragma unroll
         for (int s = 0; s < 4; ++s) {
           uint32_t bf[kTokenTiles][2];
@@ -447,7 +470,7 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
           }
         }
       } else {
-        ptx::mbarrier_arrive(&sm.empty[slot]);
+        release();
       }
     } else {
     // The stage's four K blocks in one chain of tensor-core sums (256 K), then added to the fp32 sums.
@@ -474,11 +497,8 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
     }
     // The activations' descriptors: slot 0's address field moved to this slot, K block and K step
     // (addresses stay below 2^18, so the 14-bit field takes the sum without a carry); the upper word
-    // is constant. With -DNIBBLE_MOE_UNIFORM_DESC=1 (an experiment, not yet measured) the slot's field
-    // comes through a shuffle from lane 0, which ptxas then keeps in uniform registers: the eight
-    // wgmma descriptors cost one R2UR and seven UIADD3 rather than sixteen R2UR and their moves, 9-12
-    // fewer SASS instructions a consumer warp a stage (cuobjdump, every wgmma tile but the 128-row one).
-#if NIBBLE_MOE_UNIFORM_DESC
+    // is constant.
+#if NIBBLE_MOE_LEAN_CONSUMER  // uniform registers (above)
     const uint32_t slot_lo =
         __shfl_sync(0xFFFFFFFFu, act_desc_lo + static_cast<uint32_t>(slot * T::kActSlotBytes >> 4), 0);
 #else
@@ -504,7 +524,7 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
     }
 #pragma unroll
     for (int j = 0; j < kAcc; ++j) acc[j] += d[j];
-    if (lane == 0) ptx::mbarrier_arrive(&sm.empty[slot]);  // this warp is done reading the slot
+    if (lane == 0) release();  // this warp is done reading the slot
     }
 
     if (compute.stage == compute.stages - 1) {  // the chunk's last stage: write its rows out

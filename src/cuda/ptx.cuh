@@ -45,28 +45,32 @@ __device__ inline void mbarrier_expect_tx(uint64_t* bar, uint32_t bytes) {
 #ifndef NIBBLE_MBARRIER_SUSPEND_NS
 #define NIBBLE_MBARRIER_SUSPEND_NS 0
 #endif
-__device__ inline void mbarrier_wait(uint64_t* bar, uint32_t parity) {
+__device__ inline void mbarrier_wait_at(uint32_t bar, uint32_t parity);
+__device__ inline void mbarrier_wait(uint64_t* bar, uint32_t parity) { mbarrier_wait_at(smem_address(bar), parity); }
+// The same, `bar` given as its shared-memory address.
+__device__ inline void mbarrier_wait_at(uint32_t bar, uint32_t parity) {
   uint32_t done = 0;
   while (!done) {
     if constexpr (NIBBLE_MBARRIER_SUSPEND_NS > 0) {
       asm volatile(
           "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2, %3;\nselp.u32 %0, 1, 0, p;\n}\n"
           : "=r"(done)
-          : "r"(smem_address(bar)), "r"(parity), "r"(static_cast<uint32_t>(NIBBLE_MBARRIER_SUSPEND_NS))
+          : "r"(bar), "r"(parity), "r"(static_cast<uint32_t>(NIBBLE_MBARRIER_SUSPEND_NS))
           : "memory");
     } else {
       asm volatile(
           "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
           : "=r"(done)
-          : "r"(smem_address(bar)), "r"(parity)
+          : "r"(bar), "r"(parity)
           : "memory");
     }
   }
 }
-// Arrives on `bar` (one of its expected arrivals).
-__device__ inline void mbarrier_arrive(uint64_t* bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_address(bar)) : "memory");
+// Arrives on `bar` (one of its expected arrivals), given as its shared-memory address or a pointer.
+__device__ inline void mbarrier_arrive_at(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
 }
+__device__ inline void mbarrier_arrive(uint64_t* bar) { mbarrier_arrive_at(smem_address(bar)); }
 // Arrives on `bar` once this thread's earlier cp.async copies have landed (counted in the barrier's
 // expected arrivals: noinc).
 __device__ inline void cp_async_mbarrier_arrive(uint64_t* bar) {
