@@ -86,12 +86,12 @@ constexpr int kMaxTileRows = 128;
 // order, quantized in its own launch), Mixtral-8x7B W4A8 decode, ms a step, wgmma / mma.sync, runs
 // interleaved in one call: batch 1 3.34, 3.34 / 3.38, 3.40; batch 8 7.56, 7.55 / 7.89, 7.83 (bench/RESULTS.md).
 constexpr int kMmaMaxTokenTiles = 0;
-// Blocks an SM should hold for tiles of up to 16 rows, one and two consumer warpgroups (an experiment
-// can build others: -DNIBBLE_MOE_BLOCKS_2G=3).
 // -DNIBBLE_MOE_LEAN_CONSUMER=1: an experiment, not yet measured (the consumers' loop below).
 #ifndef NIBBLE_MOE_LEAN_CONSUMER
 #define NIBBLE_MOE_LEAN_CONSUMER 0
 #endif
+// Blocks an SM should hold for tiles of up to 16 rows, one and two consumer warpgroups (an experiment
+// can build others: -DNIBBLE_MOE_BLOCKS_2G=3).
 #ifndef NIBBLE_MOE_BLOCKS_1G
 #define NIBBLE_MOE_BLOCKS_1G 4
 #endif
@@ -392,8 +392,9 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
   // as counters and the barriers' shared addresses in registers, where the plain loop recomputes them
   // from the step and the shared window every stage, and passes the wgmma descriptors' slot field
   // through a shuffle from lane 0, which ptxas then keeps in uniform registers (one R2UR and seven
-  // UIADD3 a stage rather than sixteen R2UR and their moves): 9-12 fewer SASS instructions a consumer
-  // warp a stage for the wgmma tiles but the 128-row one (cuobjdump, the descriptors alone).
+  // UIADD3 a stage rather than sixteen R2UR and their moves): about 10 fewer SASS instructions a
+  // consumer warp a stage for the wgmma tiles but the 128-row one (cuobjdump: 133 against 143 from the
+  // loop head to the wgmma wait for Mixtral's batch-32 gate_up tile).
 #if NIBBLE_MOE_LEAN_CONSUMER
   // (Through a shuffle: ptxas otherwise rebuilds them from the shared window every stage.)
   const uint32_t full0 = __shfl_sync(0xFFFFFFFFu, ptx::smem_address(&sm.full[0]), 0);
