@@ -86,10 +86,6 @@ constexpr int kMaxTileRows = 128;
 // order, quantized in its own launch), Mixtral-8x7B W4A8 decode, ms a step, wgmma / mma.sync, runs
 // interleaved in one call: batch 1 3.34, 3.34 / 3.38, 3.40; batch 8 7.56, 7.55 / 7.89, 7.83 (bench/RESULTS.md).
 constexpr int kMmaMaxTokenTiles = 0;
-// -DNIBBLE_MOE_LEAN_CONSUMER=1: an experiment, not yet measured (the consumers' loop below).
-#ifndef NIBBLE_MOE_LEAN_CONSUMER
-#define NIBBLE_MOE_LEAN_CONSUMER 0
-#endif
 // Blocks an SM should hold for tiles of up to 16 rows, one and two consumer warpgroups (an experiment
 // can build others: -DNIBBLE_MOE_BLOCKS_2G=3).
 #ifndef NIBBLE_MOE_BLOCKS_1G
@@ -388,30 +384,23 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
     return r < c.rows ? (p.act_row ? __ldg(p.act_row + pos) : pos) : -1;
   };
   // The step's slot and the parity of its phase, its `full` barrier waited for and its `empty` one
-  // arrived on. NIBBLE_MOE_LEAN_CONSUMER=1 (an experiment, not yet measured) keeps the slot and parity
-  // as counters and the barriers' shared addresses in registers, where the plain loop recomputes them
-  // from the step and the shared window every stage, and passes the wgmma descriptors' slot field
-  // through a shuffle from lane 0, which ptxas then keeps in uniform registers (one R2UR and seven
-  // UIADD3 a stage rather than sixteen R2UR and their moves): about 10 fewer SASS instructions a
-  // consumer warp a stage for the wgmma tiles but the 128-row one (cuobjdump: 133 against 143 from the
-  // loop head to the wgmma wait for Mixtral's batch-32 gate_up tile).
-#if NIBBLE_MOE_LEAN_CONSUMER
-  // (Through a shuffle: ptxas otherwise rebuilds them from the shared window every stage.)
+  // arrived on: the slot and parity kept as counters and the barriers' shared addresses in registers
+  // (through a shuffle from lane 0: ptxas otherwise rebuilds them from the shared window every stage),
+  // and the wgmma descriptors' slot field likewise through a shuffle, which ptxas then keeps in uniform
+  // registers (one R2UR and seven UIADD3 a stage rather than sixteen R2UR and their moves). cuobjdump:
+  // 133 SASS instructions from the loop head to the wgmma wait for Mixtral's batch-32 gate_up tile,
+  // against 143 with both recomputed from the step every stage. Measured with ptx.cuh's suspend hint,
+  // one call, runs interleaved, Mixtral-8x7B W4A8 ms a step (bench/RESULTS.md, twenty-first session):
+  // batch 1 3.34, 3.34 against 3.37, 3.40; batch 8 7.54 against 7.61; batch 32 9.47, 9.53 against 9.53,
+  // 9.66; Grok-1 shaped as one rank of tp 2, batch 32, 27.08 against 27.36.
   const uint32_t full0 = __shfl_sync(0xFFFFFFFFu, ptx::smem_address(&sm.full[0]), 0);
   const uint32_t empty0 = __shfl_sync(0xFFFFFFFFu, ptx::smem_address(&sm.empty[0]), 0);
   int slot = kStages - 1;
   uint32_t parity = 1;
-#endif
-  for (int step = 0; walk.valid(compute); ++step) {
-#if NIBBLE_MOE_LEAN_CONSUMER
+  while (walk.valid(compute)) {
     if (++slot == kStages) slot = 0, parity ^= 1;
     auto wait_full = [&] { ptx::mbarrier_wait_at(full0 + 8 * slot, parity); };
     auto release = [&] { ptx::mbarrier_arrive_at(empty0 + 8 * slot); };
-#else
-    const int slot = step % kStages;
-    auto wait_full = [&] { ptx::mbarrier_wait(&sm.full[slot], (step / kStages) & 1); };
-    auto release = [&] { ptx::mbarrier_arrive(&sm.empty[slot]); };
-#endif
     if constexpr (kEarlySums > 0) {
       if (compute.stage == compute.stages - 1) {
         const int64_t act_row = act_row_of(compute);
@@ -499,12 +488,8 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
     // The activations' descriptors: slot 0's address field moved to this slot, K block and K step
     // (addresses stay below 2^18, so the 14-bit field takes the sum without a carry); the upper word
     // is constant.
-#if NIBBLE_MOE_LEAN_CONSUMER  // uniform registers (above)
-    const uint32_t slot_lo =
+    const uint32_t slot_lo =  // uniform registers (above)
         __shfl_sync(0xFFFFFFFFu, act_desc_lo + static_cast<uint32_t>(slot * T::kActSlotBytes >> 4), 0);
-#else
-    const uint32_t slot_lo = act_desc_lo + static_cast<uint32_t>(slot * T::kActSlotBytes >> 4);
-#endif
     // One chain of m64 × kRows products (128-row tiles: n128, the tensor cores' best rate on A from
     // registers), then added to the fp32 sums.
     float d[kAcc];

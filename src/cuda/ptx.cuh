@@ -38,12 +38,13 @@ __device__ inline void mbarrier_expect_tx(uint64_t* bar, uint32_t bytes) {
                : "memory");
 }
 // Waits for the phase of `bar` with this parity to complete. Each try_wait may suspend the thread until
-// the phase completes or a time limit passes: the system's, or with -DNIBBLE_MBARRIER_SUSPEND_NS=N (an
-// experiment, not yet measured: with the system's limit the wait loops of the MoE GEMM's consumers were
-// a quarter of their executed instructions, eighth session) a hint of N ns, which ptxas turns into a
-// NANOSLEEP.SYNCS between the tries (cuobjdump) rather than a YIELD.
+// the phase completes or a time limit passes: a hint of NIBBLE_MBARRIER_SUSPEND_NS ns, which ptxas turns
+// into a NANOSLEEP.SYNCS between the tries (cuobjdump) rather than a YIELD, or the system's limit with
+// -DNIBBLE_MBARRIER_SUSPEND_NS=0. With the system's limit the wait loops of the MoE GEMM's consumers were
+// a quarter of their executed instructions (eighth session); the hint was measured together with
+// moe_gemm_w4a8.cu's lean consumer loop, which it is the default with.
 #ifndef NIBBLE_MBARRIER_SUSPEND_NS
-#define NIBBLE_MBARRIER_SUSPEND_NS 0
+#define NIBBLE_MBARRIER_SUSPEND_NS 10000000
 #endif
 __device__ inline void mbarrier_wait_at(uint32_t bar, uint32_t parity);
 __device__ inline void mbarrier_wait(uint64_t* bar, uint32_t parity) { mbarrier_wait_at(smem_address(bar), parity); }
