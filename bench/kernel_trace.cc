@@ -1,7 +1,7 @@
 // libnibble-kernel-trace.so: a CUDA injection library that records every kernel's GPU start and end
 // (CUPTI concurrent-kernel activity: kernels that overlap under programmatic dependent launch keep
 // their own times, CUDA graph nodes included) and writes them at exit as CSV, one kernel a line:
-//   "Start (ns)","Duration (ns)","Name"
+//   "Start (ns)","Duration (ns)","Device","Name"
 // the columns tools/summarize_kernel_timeline.py reads. Used where Nsight Systems is not installed:
 //   CUDA_INJECTION64_PATH=build/libnibble-kernel-trace.so NIBBLE_KERNEL_TRACE=trace.csv nibble ...
 #include <cupti.h>
@@ -19,6 +19,7 @@ namespace {
 
 struct Kernel {
   uint64_t start, end;
+  uint32_t device;
   std::string name;
 };
 
@@ -52,7 +53,7 @@ void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, siz
   while (cuptiActivityGetNextRecord(buffer, valid, &record) == CUPTI_SUCCESS) {
     if (record->kind != CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL && record->kind != CUPTI_ACTIVITY_KIND_KERNEL) continue;
     const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(record);
-    kernels.push_back({k->start, k->end, demangled(k->name)});
+    kernels.push_back({k->start, k->end, k->deviceId, demangled(k->name)});
   }
   std::free(buffer);
   const std::lock_guard<std::mutex> lock(g_mutex);
@@ -74,10 +75,10 @@ void write_trace() {
     return;
   }
   const std::lock_guard<std::mutex> lock(g_mutex);
-  std::fprintf(f, "\"Start (ns)\",\"Duration (ns)\",\"Name\"\n");
+  std::fprintf(f, "\"Start (ns)\",\"Duration (ns)\",\"Device\",\"Name\"\n");
   for (const Kernel& k : g_kernels)
-    std::fprintf(f, "%llu,%llu,%s\n", static_cast<unsigned long long>(k.start),
-                 static_cast<unsigned long long>(k.end - k.start), csv_quoted(k.name).c_str());
+    std::fprintf(f, "%llu,%llu,%u,%s\n", static_cast<unsigned long long>(k.start),
+                 static_cast<unsigned long long>(k.end - k.start), k.device, csv_quoted(k.name).c_str());
   std::fclose(f);
   std::fprintf(stderr, "nibble-kernel-trace: %zu kernels\n", g_kernels.size());
 }

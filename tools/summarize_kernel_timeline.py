@@ -1,16 +1,17 @@
 #!/usr/bin/env python3
 """Where one decode step's time goes with the kernels overlapping (programmatic dependent launch):
 reads a kernel trace of `nibble bench-one-batch` (CSV with "Start (ns)", "Duration (ns)" and "Name"
-columns: bench/kernel_trace.cc writes one, as does `nsys stats --report cuda_gpu_trace --format csv`
+columns, and "Device" where several GPUs ran: bench/kernel_trace.cc writes one, as does `nsys stats --report cuda_gpu_trace --format csv`
 on a trace taken with `--cuda-graph-trace=node`), cuts the kernels into decode steps at each embedding
 kernel, and for step --step (by default the last but one) prints, by kernel (and its place in a layer), the time it moves the
 step's end on: its end minus the latest end before it (zero when it ends inside an earlier kernel),
 its own duration, and the gap before it started (idle GPU). scripts/gpu-check's `timeline` mode runs it.
 
-    tools/summarize_kernel_timeline.py trace.csv [--step -2] [--layer 10]
+    tools/summarize_kernel_timeline.py trace.csv [--step -2] [--layer 10] [--device 0]
 
---layer also lists that layer's kernels one by one (a layer starts at each RMSNorm that follows a
-combine, or at the step's first RMSNorm)."""
+--layer also lists that layer's kernels one by one (a layer starts at each RMSNorm, or tensor
+parallelism's all-reduce + add + RMSNorm, that follows a combine, or at the step's first RMSNorm).
+--device keeps one GPU's kernels (tensor parallelism: each rank's GPU runs a step of its own)."""
 import argparse
 import collections
 import csv
@@ -40,6 +41,7 @@ def main() -> int:
                     help="which step, counted from 0 over the whole run (warm-up and graph captures included); "
                     "negative counts from the end: -2, the last step but one, is a replayed decode step")
     ap.add_argument("--layer", type=int, default=10)
+    ap.add_argument("--device", type=int, default=0, help="the GPU whose kernels count, where the trace has a Device column")
     args = ap.parse_args()
     text = open(args.csv_file, encoding="utf-8", errors="replace").read()
     start = text.find("Start")
@@ -50,8 +52,11 @@ def main() -> int:
     reader = csv.DictReader(io.StringIO(text[start:]))
     f_start, f_dur, f_name = column(reader.fieldnames, "Start"), column(reader.fieldnames, "Duration"), column(
         reader.fieldnames, "Name")
+    f_device = next((f for f in reader.fieldnames if f.strip('"').startswith("Device")), None)
     kernels = []
     for row in reader:
+        if f_device is not None and row[f_device].strip() != str(args.device):
+            continue
         try:
             s, d = float(row[f_start].replace(",", "")), float(row[f_dur].replace(",", ""))
         except (ValueError, AttributeError):
@@ -74,7 +79,8 @@ def main() -> int:
     layer, seen, labels, layer_of = 0, collections.Counter(), [], []
     prev = ""
     for _, _, name in step:
-        if name.startswith("rms_norm") and (prev.startswith("combine") or prev.startswith("embedding")):
+        if (name.startswith("rms_norm") or name.startswith("p2p_all_reduce_add_rms_norm")) and (
+                prev.startswith("combine") or prev.startswith("embedding")):
             layer += 1
             seen.clear()
         seen[name] += 1

@@ -7,16 +7,21 @@
 #include <cstdint>
 
 #include "cuda/cuda_check.h"
+#include "cuda/env_setting.h"
 
 namespace nibble::cuda {
 namespace {
 
 // A rank's buffer: [2][kP2pMaxBytes] staging | [kP2pMaxRanks][kP2pMaxBlocks] flags |
-// [kP2pMaxBlocks] epochs, all zero at first (flags and epochs are uint64).
+// [kP2pMaxBlocks] epochs, all zero at first (flags and epochs are uint64) | [2][kP2pMaxRanks]
+// [kP2pPushMaxBytes] inbox, empty at first (p2p_all_reduce.cu).
 constexpr std::size_t kFlagsOffset = 2 * kP2pMaxBytes;
 constexpr std::size_t kEpochsOffset =
     kFlagsOffset + sizeof(uint64_t) * kP2pMaxRanks * kP2pMaxBlocks;
-constexpr std::size_t kBufferBytes = kEpochsOffset + sizeof(uint64_t) * kP2pMaxBlocks;
+constexpr std::size_t kInboxOffset = kEpochsOffset + sizeof(uint64_t) * kP2pMaxBlocks;
+constexpr std::size_t kInboxBytes = 2 * kP2pMaxRanks * kP2pPushMaxBytes;
+constexpr std::size_t kBufferBytes = kInboxOffset + kInboxBytes;
+static_assert(kInboxOffset % 16 == 0);
 
 }  // namespace
 
@@ -77,8 +82,9 @@ P2pAllReduce::P2pAllReduce(std::shared_ptr<P2pGroup> group, int rank) : group_(s
   void* buffer = nullptr;
   cuda_check(cudaMalloc(&buffer, kBufferBytes));
   mine.buffer = static_cast<std::byte*>(buffer);
-  // Zero before any peer can write its first flag here: the peers start only after publish().
-  const cudaError_t zeroed = cudaMemset(buffer, 0, kBufferBytes);
+  // Zeroed and the inbox emptied before any peer can write here: the peers start only after publish().
+  cudaError_t zeroed = cudaMemset(buffer, 0, kInboxOffset);
+  if (zeroed == cudaSuccess) zeroed = fill_p2p_inbox(mine.buffer + kInboxOffset, kInboxBytes / 4, nullptr);
   const cudaError_t synced = cudaDeviceSynchronize();
   if (zeroed != cudaSuccess || synced != cudaSuccess) {
     (void)cudaFree(buffer);
@@ -116,8 +122,11 @@ P2pAllReduce::P2pAllReduce(std::shared_ptr<P2pGroup> group, int rank) : group_(s
   for (const P2pGroup::Rank& r : ranks) grid_ = std::min(grid_, r.multiprocessors);  // co-resident
   params_.rank = rank;
   params_.size = n;
+  // NIBBLE_P2P_PUSH=0 stages every message (every rank reads the same environment).
+  push_ = env_choice("NIBBLE_P2P_PUSH", {"0", "1"}) != "0";
   for (int j = 0; j < n; ++j) {
     params_.staging[j] = ranks[j].buffer;
+    params_.inbox[j] = ranks[j].buffer + kInboxOffset;
     params_.flags[j] = reinterpret_cast<uint64_t*>(ranks[j].buffer + kFlagsOffset);
   }
   params_.epochs = reinterpret_cast<uint64_t*>(mine.buffer + kEpochsOffset);
@@ -142,6 +151,7 @@ void P2pAllReduce::reduce(Tensor& x, P2pOp op, cudaStream_t stream) const {
   p.x = x.raw();
   p.numel = x.numel();
   p.x_aligned = reinterpret_cast<std::uintptr_t>(x.raw()) % 16 == 0;
+  p.push = push_ && x.nbytes() <= kP2pPushMaxBytes;
   const P2pDType dtype = x.dtype() == DType::kBF16 ? P2pDType::kBF16 : P2pDType::kF32;
   launch_p2p_all_reduce(p, dtype, op, grid_, stream);
 }
@@ -170,6 +180,7 @@ void P2pAllReduce::reduce_add_rms_norm(const Tensor& y, Tensor& residual, const 
   p.x = const_cast<void*>(y.raw());  // read only: the norm kernel writes residual and out
   p.numel = y.numel();
   p.x_aligned = true;
+  p.push = push_ && y.nbytes() <= kP2pPushMaxBytes;
   const P2pNormArgs norm{.residual = residual.data<float>(),
                          .post_weight = post_weight != nullptr ? post_weight->raw() : nullptr,
                          .weight = weight.raw(),

@@ -1,7 +1,17 @@
 // The one-shot peer-to-peer all-reduce kernel (p2p_all_reduce.h) and its launch. Block b of every
-// rank owns the same slice of the message: it copies its slice of x into its rank's staging half,
-// flags block b of every peer, waits until every peer's block b flagged this epoch, then reduces
-// the slice over the ranks' staging in rank order (sums in F32) and writes x.
+// rank owns the same slice of the message. Staged: it copies its slice of x into its rank's staging
+// half, flags block b of every peer, waits until every peer's block b flagged this epoch, then reduces
+// the slice over the ranks' staging in rank order (sums in F32) and writes x. Pushed: it stores its
+// slice into every peer's inbox half, then waits for each peer's words of the slice in its own inbox
+// to leave the empty pattern, reduces as the staged kernel does and writes the empty pattern back.
+//
+// Pushed messages. A word nobody has written holds kEmptyWord: per element, the F32 -4.6e-41 (a
+// subnormal) or two BF16 -0. A sender never sends it: F32 elements with those bits go as -0, BF16 -0
+// as +0, on every rank alike (a rank reduces its own canonical values too, so all ranks keep equal
+// bits). A reader takes an element once it is not empty (a 16-byte store may arrive in pieces: each
+// element is checked). Why the two halves suffice: call e writes half e % 2, whose words each reader
+// empties in call e after reading them; a sender writes that half again in call e + 2, after its call
+// e + 1, which needed the reader's data (or flag) of call e + 1, sent after the reader's call e ended.
 //
 // Epochs and buffer reuse. Each block keeps in device memory the epoch it last ran (all blocks of a
 // rank run every call, so all hold the same value); call e runs epoch e (from 1), writes staging
@@ -130,12 +140,30 @@ __device__ inline void copy_in(const T* x, bool aligned, T* staging, int64_t fir
   }
 }
 
+// x's elements [i, i + kN) = the sum (F32) or maximum of the ranks' v in rank order.
+template <typename T, P2pOp kOp, int kN>
+__device__ inline void store_reduced(const P2pParams& p, int64_t i, const Vec<T, kN> (&v)[kP2pMaxRanks]) {
+  float acc[kN];
+#pragma unroll
+  for (int k = 0; k < kN; ++k) acc[k] = to_float(v[0].e[k]);  // not 0 + v: keeps the sign of -0
+#pragma unroll
+  for (int r = 1; r < kP2pMaxRanks; ++r)
+    if (r < p.size)
+#pragma unroll
+      for (int k = 0; k < kN; ++k)
+        acc[k] = kOp == P2pOp::kSum ? acc[k] + to_float(v[r].e[k]) : fmaxf(acc[k], to_float(v[r].e[k]));
+  Vec<T, kN> out;
+#pragma unroll
+  for (int k = 0; k < kN; ++k) out.e[k] = from_float<T>(acc[k]);
+  store_x<T, kN>(static_cast<T*>(p.x), i, p.x_aligned, out);
+}
+
 // The same units: x = the sum (F32) or maximum over ranks in rank order, this rank's own values
 // read from x.
 template <typename T, P2pOp kOp, int kN>
 __device__ inline void reduce_out(const P2pParams& p, std::size_t half_offset, int64_t first,
                                   int64_t begin, int64_t end) {
-  T* x = static_cast<T*>(p.x);
+  const T* x = static_cast<const T*>(p.x);
   for (int64_t u = begin + threadIdx.x; u < end; u += kThreads) {
     const int64_t i = first + u * kN;
     Vec<T, kN> v[kP2pMaxRanks];
@@ -145,20 +173,153 @@ __device__ inline void reduce_out(const P2pParams& p, std::size_t half_offset, i
         v[r] = r == p.rank
                    ? load_x<T, kN>(x, i, p.x_aligned)
                    : load_peer<T, kN>(reinterpret_cast<const T*>(p.staging[r] + half_offset), i);
-    float acc[kN];
+    store_reduced<T, kOp, kN>(p, i, v);
+  }
+}
+
+// Pushed messages (the top of this file): kN elements' bits, a 16-byte pack or one element.
+constexpr uint32_t kEmptyWord = 0x80008000u;
+template <typename T, int kN>
+using Raw = std::conditional_t<kN == 1, Bits<T>, uint4>;
+
+template <typename T>
+__device__ inline uint32_t canonical_word(uint32_t w) {
+  if constexpr (sizeof(T) == 4) {
+    return w == kEmptyWord ? 0x80000000u : w;
+  } else {  // two BF16: -0 goes as +0
+    if ((w & 0xFFFFu) == 0x8000u) w &= 0xFFFF0000u;
+    if ((w >> 16) == 0x8000u) w &= 0xFFFFu;
+    return w;
+  }
+}
+template <typename T>
+__device__ inline bool filled_word(uint32_t w) {
+  if constexpr (sizeof(T) == 4)
+    return w != kEmptyWord;
+  else
+    return (w & 0xFFFFu) != 0x8000u && (w >> 16) != 0x8000u;
+}
+template <typename T, int kN>
+__device__ inline Raw<T, kN> canonical(Raw<T, kN> r) {
+  if constexpr (kN > 1) {
+    return make_uint4(canonical_word<T>(r.x), canonical_word<T>(r.y), canonical_word<T>(r.z), canonical_word<T>(r.w));
+  } else if constexpr (sizeof(T) == 4) {
+    return canonical_word<T>(r);
+  } else {
+    return r == 0x8000u ? Bits<T>{0} : r;
+  }
+}
+template <typename T, int kN>
+__device__ inline bool filled(Raw<T, kN> r) {
+  if constexpr (kN > 1)
+    return filled_word<T>(r.x) && filled_word<T>(r.y) && filled_word<T>(r.z) && filled_word<T>(r.w);
+  else if constexpr (sizeof(T) == 4)
+    return filled_word<T>(r);
+  else
+    return r != 0x8000u;
+}
+template <typename T, int kN>
+__device__ inline Raw<T, kN> empty_raw() {
+  if constexpr (kN > 1)
+    return make_uint4(kEmptyWord, kEmptyWord, kEmptyWord, kEmptyWord);
+  else
+    return static_cast<Bits<T>>(kEmptyWord);  // F32: the word; BF16: its low half
+}
+template <typename T, int kN>
+__device__ inline Raw<T, kN> to_raw(const Vec<T, kN>& v) {
+  Raw<T, kN> r;
+  memcpy(&r, &v, sizeof r);
+  return r;
+}
+template <typename T, int kN>
+__device__ inline Vec<T, kN> to_vec(const Raw<T, kN>& r) {
+  Vec<T, kN> v;
+  memcpy(&v, &r, sizeof r);
+  return v;
+}
+__device__ inline uint4 load_volatile(const uint4* p) {
+  uint4 v;
+  asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p)
+               : "memory");
+  return v;
+}
+__device__ inline unsigned int load_volatile(const unsigned int* p) {
+  unsigned int v;
+  asm volatile("ld.volatile.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ inline unsigned short load_volatile(const unsigned short* p) {
+  unsigned short v;
+  asm volatile("ld.volatile.global.u16 %0, [%1];" : "=h"(v) : "l"(p) : "memory");
+  return v;
+}
+
+// Element i of `sender`'s part of the inbox half of `epoch` in `inbox`.
+template <typename T, int kN>
+__device__ inline Raw<T, kN>* inbox_at(std::byte* inbox, uint64_t epoch, int sender, int64_t i) {
+  const std::size_t part = ((epoch % 2) * kP2pMaxRanks + static_cast<std::size_t>(sender)) * kP2pPushMaxBytes;
+  return reinterpret_cast<Raw<T, kN>*>(inbox + part + static_cast<std::size_t>(i) * sizeof(T));
+}
+
+// Elements [i, i + kN) of x, canonical, into every peer's inbox.
+template <typename T, int kN>
+__device__ inline Raw<T, kN> push_unit(const P2pParams& p, const T* x, bool aligned, uint64_t epoch, int64_t i) {
+  const Raw<T, kN> raw = canonical<T, kN>(to_raw<T, kN>(load_x<T, kN>(x, i, aligned)));
 #pragma unroll
-    for (int k = 0; k < kN; ++k) acc[k] = to_float(v[0].e[k]);  // not 0 + v: keeps the sign of -0
+  for (int r = 0; r < kP2pMaxRanks; ++r)
+    if (r < p.size && r != p.rank) *inbox_at<T, kN>(p.inbox[r], epoch, p.rank, i) = raw;
+  return raw;
+}
+
+// Units [begin, end) of kN elements from `first` on, pushed.
+template <typename T, int kN>
+__device__ inline void push_units(const P2pParams& p, uint64_t epoch, int64_t first, int64_t begin, int64_t end) {
+  for (int64_t u = begin + threadIdx.x; u < end; u += kThreads)
+    (void)push_unit<T, kN>(p, static_cast<const T*>(p.x), p.x_aligned, epoch, first + u * kN);
+}
+
+// `sender`'s elements [i, i + kN) from this rank's inbox once they arrived, their words emptied; on
+// an abort of the group (*aborted then 1), whatever they hold.
+template <typename T, int kN>
+__device__ inline Vec<T, kN> await_unit(const P2pParams& p, uint64_t epoch, int sender, int64_t i,
+                                        volatile int* aborted) {
+  Raw<T, kN>* slot = inbox_at<T, kN>(p.inbox[p.rank], epoch, sender, i);
+  Raw<T, kN> raw = load_volatile(slot);
+  uint64_t started = 0;
+  for (uint32_t spins = 1; !filled<T, kN>(raw); ++spins) {
+    if (spins % 1024 == 0) {
+      if (*aborted != 0 || *p.abort_flag != 0) {
+        *aborted = 1;
+        break;
+      }
+      const uint64_t now = global_ns();
+      if (started == 0) started = now;
+      if (now - started > kSpinTimeoutNs) __trap();
+    }
+    raw = load_volatile(slot);
+  }
+  *slot = empty_raw<T, kN>();
+  return to_vec<T, kN>(raw);
+}
+
+// Pushed units [begin, end): x = the sum or maximum over ranks in rank order, this rank's own values
+// read from x (canonical, as sent). Stops at an abort (x keeps this rank's values from there on).
+template <typename T, P2pOp kOp, int kN>
+__device__ inline void reduce_pushed(const P2pParams& p, uint64_t epoch, int64_t first, int64_t begin,
+                                     int64_t end, volatile int* aborted) {
+  const T* x = static_cast<const T*>(p.x);
+  for (int64_t u = begin + threadIdx.x; u < end; u += kThreads) {
+    const int64_t i = first + u * kN;
+    Vec<T, kN> v[kP2pMaxRanks];
 #pragma unroll
-    for (int r = 1; r < kP2pMaxRanks; ++r)
+    for (int r = 0; r < kP2pMaxRanks; ++r)
       if (r < p.size)
-#pragma unroll
-        for (int k = 0; k < kN; ++k)
-          acc[k] = kOp == P2pOp::kSum ? acc[k] + to_float(v[r].e[k])
-                                      : fmaxf(acc[k], to_float(v[r].e[k]));
-    Vec<T, kN> out;
-#pragma unroll
-    for (int k = 0; k < kN; ++k) out.e[k] = from_float<T>(acc[k]);
-    store_x<T, kN>(x, i, p.x_aligned, out);
+        v[r] = r == p.rank ? to_vec<T, kN>(canonical<T, kN>(to_raw<T, kN>(load_x<T, kN>(x, i, p.x_aligned))))
+                           : await_unit<T, kN>(p, epoch, r, i, aborted);
+    if (*aborted != 0) return;
+    store_reduced<T, kOp, kN>(p, i, v);
   }
 }
 
@@ -198,7 +359,7 @@ __device__ inline void exchange_flags(const P2pParams& p, int b, uint64_t epoch,
   __syncthreads();
 }
 
-template <typename T, P2pOp kOp>
+template <typename T, P2pOp kOp, bool kPush>
 __global__ void __launch_bounds__(kThreads)
     p2p_all_reduce_kernel(const __grid_constant__ P2pParams p) {
   __shared__ int aborted;
@@ -213,6 +374,16 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t begin = min(packs, b * per_block), end = min(packs, begin + per_block);
   const bool last = b == static_cast<int>(gridDim.x) - 1;
 
+  if constexpr (kPush) {
+    push_units<T, kN>(p, epoch, 0, begin, end);
+    if (last) push_units<T, 1>(p, epoch, tail_first, 0, tail);
+    __syncthreads();  // `aborted` cleared before any thread reads it
+    reduce_pushed<T, kOp, kN>(p, epoch, 0, begin, end, &aborted);
+    if (last) reduce_pushed<T, kOp, 1>(p, epoch, tail_first, 0, tail, &aborted);
+    __syncthreads();  // every thread read the epoch before thread 0 writes it
+    if (threadIdx.x == 0) p.epochs[b] = epoch;
+    return;
+  }
   const T* x = static_cast<const T*>(p.x);
   T* mine = reinterpret_cast<T*>(p.staging[p.rank] + half_offset);
   copy_in<T, kN>(x, p.x_aligned, mine, 0, begin, end);
@@ -225,22 +396,30 @@ __global__ void __launch_bounds__(kThreads)
   if (threadIdx.x == 0) p.epochs[b] = epoch;
 }
 
-// The F32 sum over ranks of y's row `row`, 8 columns from `col` on, in rank order as reduce_out adds
-// (this rank's own values from y).
-__device__ inline void sum8(const P2pParams& p, std::size_t half_offset, int64_t i, float (&s)[8]) {
+// The F32 sum over ranks of y's elements [i, i + 8), in rank order as reduce_out adds (this rank's own
+// values from y; pushed, canonical as sent).
+template <bool kPush>
+__device__ inline void sum8(const P2pParams& p, uint64_t epoch, int64_t i, float (&s)[8], volatile int* aborted) {
   const float* y = static_cast<const float*>(p.x);
+  const std::size_t half_offset = (epoch % 2) * kP2pMaxBytes;
 #pragma unroll
   for (int r = 0; r < kP2pMaxRanks; ++r) {
     if (r >= p.size) break;
     float v[8];
+    Vec<float, 4> a, c;
     if (r == p.rank) {
-      load8(y + i, v);
+      a = load_x<float, 4>(y, i, true), c = load_x<float, 4>(y, i + 4, true);
+      if constexpr (kPush)
+        a = to_vec<float, 4>(canonical<float, 4>(to_raw<float, 4>(a))),
+        c = to_vec<float, 4>(canonical<float, 4>(to_raw<float, 4>(c)));
+    } else if constexpr (kPush) {
+      a = await_unit<float, 4>(p, epoch, r, i, aborted), c = await_unit<float, 4>(p, epoch, r, i + 4, aborted);
     } else {
       const auto* peer = reinterpret_cast<const float*>(p.staging[r] + half_offset) + i;
-      const Vec<float, 4> a = load_peer<float, 4>(peer, 0), c = load_peer<float, 4>(peer, 4);
-#pragma unroll
-      for (int k = 0; k < 4; ++k) v[k] = a.e[k], v[4 + k] = c.e[k];
+      a = load_peer<float, 4>(peer, 0), c = load_peer<float, 4>(peer, 4);
     }
+#pragma unroll
+    for (int k = 0; k < 4; ++k) v[k] = a.e[k], v[4 + k] = c.e[k];
 #pragma unroll
     for (int k = 0; k < 8; ++k) s[k] = r == 0 ? v[k] : s[k] + v[k];
   }
@@ -252,23 +431,29 @@ __device__ inline void sum8(const P2pParams& p, std::size_t half_offset, int64_t
 // output is) into the residual and normalizes it with rms_norm_kernel's layout and arithmetic
 // (basic_ops.cu: thread i holds units i, i + blockDim, ... of 8 columns, the block as wide as that
 // kernel's), so the values equal the plain sum then the norms bit for bit.
-template <int kUnits>
+template <int kUnits, bool kPush>
 __global__ void __launch_bounds__(kThreads)
     p2p_all_reduce_add_rms_norm_kernel(const __grid_constant__ P2pParams p, const __grid_constant__ P2pNormArgs n) {
   __shared__ int aborted;
   __shared__ float warp_sums[kThreads / 32];
   const int b = blockIdx.x;
   const uint64_t epoch = start_call(p, &aborted);
-  const std::size_t half_offset = (epoch % 2) * kP2pMaxBytes;
   const int64_t units = n.cols / 8;
 
   const float* y = static_cast<const float*>(p.x);
-  float* mine = reinterpret_cast<float*>(p.staging[p.rank] + half_offset);
-  for (int64_t row = b; row < n.rows; row += gridDim.x)
-    for (int64_t u = threadIdx.x; u < 2 * units; u += blockDim.x)  // 16-byte halves of the units
-      reinterpret_cast<float4*>(mine + row * n.cols)[u] = reinterpret_cast<const float4*>(y + row * n.cols)[u];
-  exchange_flags(p, b, epoch, &aborted);
-  if (aborted) return;
+  if constexpr (kPush) {
+    for (int64_t row = b; row < n.rows; row += gridDim.x)
+      for (int64_t u = threadIdx.x; u < 2 * units; u += blockDim.x)  // 16-byte halves of the units
+        (void)push_unit<float, 4>(p, y, true, epoch, row * n.cols + 4 * u);
+    __syncthreads();  // `aborted` cleared before any thread reads it
+  } else {
+    float* mine = reinterpret_cast<float*>(p.staging[p.rank] + (epoch % 2) * kP2pMaxBytes);
+    for (int64_t row = b; row < n.rows; row += gridDim.x)
+      for (int64_t u = threadIdx.x; u < 2 * units; u += blockDim.x)  // 16-byte halves of the units
+        reinterpret_cast<float4*>(mine + row * n.cols)[u] = reinterpret_cast<const float4*>(y + row * n.cols)[u];
+    exchange_flags(p, b, epoch, &aborted);
+    if (aborted) return;
+  }
 
   const auto* weight = static_cast<const __nv_bfloat16*>(n.weight);
   const auto* post_weight = static_cast<const __nv_bfloat16*>(n.post_weight);
@@ -278,7 +463,11 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int u = 0; u < kUnits; ++u) {
       const int64_t unit = u * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-      if (unit < units) sum8(p, half_offset, row * n.cols + unit * 8, add[u]);
+      if (unit < units) sum8<kPush>(p, epoch, row * n.cols + unit * 8, add[u], &aborted);
+    }
+    if constexpr (kPush) {
+      __syncthreads();  // the whole block leaves together on an abort
+      if (aborted) return;
     }
     if (post_weight != nullptr) {  // rms_norm(sum) · post_weight, rounded to BF16
       float squares = 0.0f;
@@ -319,10 +508,21 @@ __global__ void __launch_bounds__(kThreads)
       }
     }
   }
+  if constexpr (kPush) __syncthreads();  // every thread read the epoch before thread 0 writes it
   if (threadIdx.x == 0) p.epochs[b] = epoch;
 }
 
+__global__ void fill_inbox_kernel(uint32_t* words, std::size_t n) {
+  for (std::size_t i = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; i < n; i += std::size_t{gridDim.x} * blockDim.x)
+    words[i] = kEmptyWord;
+}
+
 }  // namespace
+
+cudaError_t fill_p2p_inbox(void* inbox, std::size_t words, cudaStream_t stream) {
+  fill_inbox_kernel<<<256, 256, 0, stream>>>(static_cast<uint32_t*>(inbox), words);
+  return cudaGetLastError();
+}
 
 void launch_p2p_all_reduce_add_rms_norm(const P2pParams& params, const P2pNormArgs& norm, int grid,
                                         cudaStream_t stream) {
@@ -333,12 +533,13 @@ void launch_p2p_all_reduce_add_rms_norm(const P2pParams& params, const P2pNormAr
   const RowNormShape shape = row_norm_shape(norm.cols);
   check(shape.units_per_thread <= 4, "peer-to-peer all-reduce + norm: ", norm.cols, " columns");
   const int threads = shape.threads;
+  const auto launch = [&](auto kernel) { launch_kernel(kernel, grid, threads, 0, stream, params, norm); };
   if (shape.units_per_thread == 1)
-    launch_kernel(p2p_all_reduce_add_rms_norm_kernel<1>, grid, threads, 0, stream, params, norm);
+    params.push ? launch(p2p_all_reduce_add_rms_norm_kernel<1, true>) : launch(p2p_all_reduce_add_rms_norm_kernel<1, false>);
   else if (shape.units_per_thread == 2)
-    launch_kernel(p2p_all_reduce_add_rms_norm_kernel<2>, grid, threads, 0, stream, params, norm);
+    params.push ? launch(p2p_all_reduce_add_rms_norm_kernel<2, true>) : launch(p2p_all_reduce_add_rms_norm_kernel<2, false>);
   else
-    launch_kernel(p2p_all_reduce_add_rms_norm_kernel<4>, grid, threads, 0, stream, params, norm);
+    params.push ? launch(p2p_all_reduce_add_rms_norm_kernel<4, true>) : launch(p2p_all_reduce_add_rms_norm_kernel<4, false>);
   cuda_check(cudaGetLastError());
 }
 
@@ -348,12 +549,16 @@ void launch_p2p_all_reduce(const P2pParams& params, P2pDType dtype, P2pOp op, in
         "peer-to-peer all-reduce: grid ", grid, ", ", params.size, " ranks");
   // The combinations that ship: sums of F32 (the residual stream) and BF16, maxima of F32 (the FP8
   // quantizers' row amax).
+  const auto launch = [&](auto kernel) { launch_kernel(kernel, grid, kThreads, 0, stream, params); };
   if (op == P2pOp::kSum && dtype == P2pDType::kF32)
-    launch_kernel(p2p_all_reduce_kernel<float, P2pOp::kSum>, grid, kThreads, 0, stream, params);
+    params.push ? launch(p2p_all_reduce_kernel<float, P2pOp::kSum, true>)
+                : launch(p2p_all_reduce_kernel<float, P2pOp::kSum, false>);
   else if (op == P2pOp::kSum && dtype == P2pDType::kBF16)
-    launch_kernel(p2p_all_reduce_kernel<__nv_bfloat16, P2pOp::kSum>, grid, kThreads, 0, stream, params);
+    params.push ? launch(p2p_all_reduce_kernel<__nv_bfloat16, P2pOp::kSum, true>)
+                : launch(p2p_all_reduce_kernel<__nv_bfloat16, P2pOp::kSum, false>);
   else if (op == P2pOp::kMax && dtype == P2pDType::kF32)
-    launch_kernel(p2p_all_reduce_kernel<float, P2pOp::kMax>, grid, kThreads, 0, stream, params);
+    params.push ? launch(p2p_all_reduce_kernel<float, P2pOp::kMax, true>)
+                : launch(p2p_all_reduce_kernel<float, P2pOp::kMax, false>);
   else
     fail("peer-to-peer all-reduce: no BF16 maximum");
   cuda_check(cudaGetLastError());

@@ -1,9 +1,12 @@
 // A one-shot all-reduce (sum, or maximum) for small messages between the GPUs of ONE process, over
-// plain peer-to-peer access (NVLink): one kernel in which each rank copies its tensor into its own
-// staging buffer, flags every peer, waits for every peer's flag and reduces all ranks' staging
-// buffers in rank order into its tensor (so every rank holds bit-identical results). No host state
-// changes per call: CUDA graphs capture it. Not NCCL and no multicast objects; NcclCommunicator
-// uses it for messages up to kP2pMaxBytes.
+// plain peer-to-peer access (NVLink), in one kernel that reduces all ranks' values in rank order (so
+// every rank holds bit-identical results). Messages up to kP2pPushMaxBytes are pushed: each rank
+// stores its values straight into every peer's inbox, and each rank waits on its own inbox's words
+// until they are no longer the "empty" pattern, then reduces and empties them (no flags, no reads
+// across NVLink). Larger ones, up to kP2pMaxBytes, are staged: each rank copies its tensor into its
+// own staging buffer, flags every peer, waits for every peer's flag and reads the peers' staging.
+// No host state changes per call: CUDA graphs capture it. Not NCCL and no multicast objects;
+// NcclCommunicator uses it for messages up to kP2pMaxBytes.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -23,6 +26,7 @@ namespace nibble::cuda {
 constexpr int kP2pMaxRanks = 8;
 constexpr int kP2pMaxBlocks = 64;               // the grid (fewer where a GPU has fewer SMs)
 constexpr std::size_t kP2pMaxBytes = 4u << 20;  // the largest message: one half of a staging buffer
+constexpr std::size_t kP2pPushMaxBytes = 1u << 20;  // the largest pushed message: a sender's inbox half
 constexpr int64_t kP2pNormMaxCols = 8192;        // the widest row reduce_add_rms_norm takes (no spills)
 
 // The state the ranks' threads share: each rank's device buffer once published, the setup barrier,
@@ -71,6 +75,8 @@ struct P2pParams {
   bool x_aligned = false;  // x is 16-byte aligned (vector loads and stores)
   int rank = 0, size = 0;
   std::byte* staging[kP2pMaxRanks] = {};  // each rank's 2 halves of kP2pMaxBytes (peer pointers)
+  std::byte* inbox[kP2pMaxRanks] = {};    // each rank's [2][kP2pMaxRanks (sender)][kP2pPushMaxBytes]
+  bool push = false;                      // this call pushes (p2p_all_reduce.cu)
   uint64_t* flags[kP2pMaxRanks] = {};  // each rank's [kP2pMaxRanks (writer), kP2pMaxBlocks] epochs
   uint64_t* epochs = nullptr;          // this rank's [kP2pMaxBlocks]: the last epoch each block ran
   const volatile int* abort_flag = nullptr;
@@ -94,6 +100,7 @@ class P2pAllReduce {
   P2pAllReduce(std::shared_ptr<P2pGroup> group, int rank);
 
   bool enabled() const { return enabled_; }
+  bool pushes() const { return push_; }  // messages up to kP2pPushMaxBytes pushed (NIBBLE_P2P_PUSH)
   // Whether reduce() takes x: enabled, at most kP2pMaxBytes on the device, F32 or BF16 for kSum,
   // F32 for kMax.
   bool fits(const Tensor& x, P2pOp op) const;
@@ -116,6 +123,7 @@ class P2pAllReduce {
  private:
   std::shared_ptr<P2pGroup> group_;
   bool enabled_ = false;
+  bool push_ = false;
   int grid_ = 0;
   P2pParams params_;
 };
@@ -124,6 +132,9 @@ class P2pAllReduce {
 enum class P2pDType { kF32, kBF16 };
 void launch_p2p_all_reduce(const P2pParams& params, P2pDType dtype, P2pOp op, int grid,
                            cudaStream_t stream);
+// Queues the fill of `words` 32-bit words at `inbox` (device memory) with the empty pattern of pushed
+// messages; the launch's status.
+cudaError_t fill_p2p_inbox(void* inbox, std::size_t words, cudaStream_t stream);
 void launch_p2p_all_reduce_add_rms_norm(const P2pParams& params, const P2pNormArgs& norm, int grid,
                                         cudaStream_t stream);
 

@@ -65,6 +65,27 @@ class SummarizeKernelTimeline(unittest.TestCase):
         self.assertEqual(len([l for l in listing.splitlines() if "#" in l]), 4)
         self.assertNotIn("#2\n", listing.split("combine_kernel")[1])
 
+    def test_one_device_of_a_tensor_parallel_trace(self):
+        # Two GPUs: device 1's kernels twice as long, interleaved with device 0's by start time. Each
+        # device's step is its own; the all-reduce + add + RMSNorm after a combine starts a layer.
+        fused = "void nibble::cuda::(anonymous namespace)::p2p_all_reduce_add_rms_norm_kernel<2, true>(Args)"
+        step = STEP[:-1] + [(15000, 16000, fused)]
+        lines = ['"Start (ns)","Duration (ns)","Device","Name"']
+        for base in (0, 1_000_000, 2_000_000):
+            for s, e, name in step:
+                lines.append(f'{base + s},{e - s},0,"{name}"')
+                lines.append(f'{base + s + 1},{2 * (e - s)},1,"{name}"')
+        text = "\n".join(lines) + "\n"
+        out0 = run(text, "--layer", "1").stdout
+        self.assertIn("step -2: 6 kernels, 16.0 µs", out0)
+        self.assertEqual(row(out0, "combine_kernel<float> #1"), [5.0, 31.2, 3.0, 2.0])
+        self.assertEqual(row(out0, "p2p_all_reduce_add_rms_norm_kernel<2, true> #1")[0], 1.0)
+        listing = out0[out0.index("layer 1, kernel by kernel"):]
+        self.assertEqual(len([l for l in listing.splitlines() if "#" in l]), 4)  # not the fused norm
+        out1 = run(text, "--device", "1").stdout
+        self.assertIn("step -2: 6 kernels", out1)
+        self.assertEqual(row(out1, "embedding_kernel #1")[0], 2.0)
+
     def test_a_trace_without_steps_fails_clearly(self):
         result = run(trace([STEP[1:]], [0]))
         self.assertNotEqual(result.returncode, 0)
