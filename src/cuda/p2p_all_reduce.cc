@@ -100,18 +100,19 @@ P2pAllReduce::P2pAllReduce(std::shared_ptr<P2pGroup> group, int rank) : group_(s
   // From here on the group frees the buffer.
   const std::vector<P2pGroup::Rank> ranks = group_->publish(rank, mine);
 
-  // Every rank decides alike from the same devices: each pair must reach the other directly.
+  // Every rank decides alike from the same devices: each pair on two devices must reach the other
+  // directly (ranks may share a device: the tests run two ranks on one GPU).
   bool reachable = n <= kP2pMaxRanks;
   for (int i = 0; i < n && reachable; ++i)
     for (int j = 0; j < n && reachable; ++j) {
-      if (i == j) continue;
+      if (ranks[i].device == ranks[j].device) continue;
       int access = 0;
       cuda_check(cudaDeviceCanAccessPeer(&access, ranks[i].device, ranks[j].device));
       reachable = access != 0;
     }
   if (!reachable || n == 1) return;
   for (int j = 0; j < n; ++j) {
-    if (j == rank) continue;
+    if (ranks[j].device == mine.device) continue;
     const cudaError_t status = cudaDeviceEnablePeerAccess(ranks[j].device, 0);
     if (status == cudaErrorPeerAccessAlreadyEnabled)
       (void)cudaGetLastError();  // enabled before (an earlier group, or NCCL): fine, and not sticky

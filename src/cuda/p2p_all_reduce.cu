@@ -5,10 +5,10 @@
 // slice into every peer's inbox half, then waits for each peer's words of the slice in its own inbox
 // to leave the empty pattern, reduces as the staged kernel does and writes the empty pattern back.
 //
-// Pushed messages. A word nobody has written holds kEmptyWord: per element, the F32 -4.6e-41 (a
-// subnormal) or two BF16 -0. A sender never sends it: F32 elements with those bits go as -0, BF16 -0
-// as +0, on every rank alike (a rank reduces its own canonical values too, so all ranks keep equal
-// bits). A reader takes an element once it is not empty (a 16-byte store may arrive in pieces: each
+// Pushed messages. A word nobody has written holds kEmptyWord: per element, an F32 NaN or two BF16
+// NaNs of one payload. A sender never sends it: elements with those bits go as the canonical quiet
+// NaN of their type, on every rank alike (a rank reduces its own canonical values too, so all ranks
+// keep equal bits; a NaN stays a NaN, and -0 keeps its sign: the sums of -0 are -0 as NCCL's). A reader takes an element once it is not empty (a 16-byte store may arrive in pieces: each
 // element is checked). Why the two halves suffice: call e writes half e % 2, whose words each reader
 // empties in call e after reading them; a sender writes that half again in call e + 2, after its call
 // e + 1, which needed the reader's data (or flag) of call e + 1, sent after the reader's call e ended.
@@ -178,17 +178,17 @@ __device__ inline void reduce_out(const P2pParams& p, std::size_t half_offset, i
 }
 
 // Pushed messages (the top of this file): kN elements' bits, a 16-byte pack or one element.
-constexpr uint32_t kEmptyWord = 0x80008000u;
+constexpr uint32_t kEmptyWord = 0x7FFF7FFFu;
 template <typename T, int kN>
 using Raw = std::conditional_t<kN == 1, Bits<T>, uint4>;
 
 template <typename T>
 __device__ inline uint32_t canonical_word(uint32_t w) {
   if constexpr (sizeof(T) == 4) {
-    return w == kEmptyWord ? 0x80000000u : w;
-  } else {  // two BF16: -0 goes as +0
-    if ((w & 0xFFFFu) == 0x8000u) w &= 0xFFFF0000u;
-    if ((w >> 16) == 0x8000u) w &= 0xFFFFu;
+    return w == kEmptyWord ? 0x7FC00000u : w;
+  } else {  // two BF16
+    if ((w & 0xFFFFu) == 0x7FFFu) w = (w & 0xFFFF0000u) | 0x7FC0u;
+    if ((w >> 16) == 0x7FFFu) w = (w & 0xFFFFu) | 0x7FC00000u;
     return w;
   }
 }
@@ -197,7 +197,7 @@ __device__ inline bool filled_word(uint32_t w) {
   if constexpr (sizeof(T) == 4)
     return w != kEmptyWord;
   else
-    return (w & 0xFFFFu) != 0x8000u && (w >> 16) != 0x8000u;
+    return (w & 0xFFFFu) != 0x7FFFu && (w >> 16) != 0x7FFFu;
 }
 template <typename T, int kN>
 __device__ inline Raw<T, kN> canonical(Raw<T, kN> r) {
@@ -206,7 +206,7 @@ __device__ inline Raw<T, kN> canonical(Raw<T, kN> r) {
   } else if constexpr (sizeof(T) == 4) {
     return canonical_word<T>(r);
   } else {
-    return r == 0x8000u ? Bits<T>{0} : r;
+    return r == 0x7FFFu ? Bits<T>{0x7FC0u} : r;
   }
 }
 template <typename T, int kN>
@@ -216,7 +216,7 @@ __device__ inline bool filled(Raw<T, kN> r) {
   else if constexpr (sizeof(T) == 4)
     return filled_word<T>(r);
   else
-    return r != 0x8000u;
+    return r != 0x7FFFu;
 }
 template <typename T, int kN>
 __device__ inline Raw<T, kN> empty_raw() {

@@ -700,6 +700,63 @@ TEST(CudaTensorParallel, P2pSumWaitingForAFailedRankEndsOnAbort) {
   EXPECT_EQ(second_call, "tensor parallel: another rank failed");
 }
 
+// Two ranks sharing GPU 0 (each its own thread and stream), the pushed and the staged all-reduce
+// (NIBBLE_P2P_PUSH=1 and 0): F32 and BF16 sums and F32 maxima over kMessageSizes (pushed up to
+// kP2pPushMaxBytes, staged beyond) equal the host's rank-order reduction bit for bit, the -0
+// elements of rank_input included. Runs with one GPU. Every input is uploaded before the first call
+// and freed after the last: a cudaFree synchronizes the device, which would wait for the other
+// rank's kernel while it waits for this rank.
+TEST(CudaTensorParallel, P2pAllReduceOfTwoRanksOnOneGpu) {
+  if (cuda::device_count() < 1) GTEST_SKIP() << "no CUDA device";
+  std::vector<Message> messages;
+  for (const auto& [dtype, op] : {std::pair{DType::kF32, cuda::P2pOp::kSum}, std::pair{DType::kBF16, cuda::P2pOp::kSum},
+                                  std::pair{DType::kF32, cuda::P2pOp::kMax}})
+    for (const int64_t n : kMessageSizes)
+      if (n * static_cast<int64_t>(dtype_size(dtype)) <= static_cast<int64_t>(cuda::kP2pMaxBytes))
+        messages.push_back({dtype, n, op});
+  for (const char* push : {"1", "0"}) {
+    setenv("NIBBLE_P2P_PUSH", push, 1);
+    auto group = std::make_shared<cuda::P2pGroup>(2);
+    std::vector<std::vector<std::string>> bad(2);
+    std::atomic<int> uploaded{0};
+    std::vector<std::thread> threads;
+    for (int r = 0; r < 2; ++r)
+      threads.emplace_back([&, r] {
+        try {
+          cuda_check(cudaSetDevice(0));
+          cudaStream_t stream = nullptr;
+          cuda_check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+          cuda::P2pAllReduce reduce(group, r);
+          if (!reduce.enabled()) bad[static_cast<std::size_t>(r)].push_back("not enabled");
+          if (reduce.pushes() != (push[0] == '1')) bad[static_cast<std::size_t>(r)].push_back("NIBBLE_P2P_PUSH not taken");
+          std::vector<Tensor> xs;
+          for (std::size_t c = 0; c < messages.size(); ++c)
+            xs.push_back(cuda::upload(rank_input(messages[c].dtype, messages[c].n, r, static_cast<int>(c))));
+          cuda_check(cudaDeviceSynchronize());
+          uploaded.fetch_add(1);  // no rank's kernels before both ranks' allocations
+          while (uploaded.load() < 2) std::this_thread::yield();
+          for (std::size_t c = 0; c < messages.size() && reduce.enabled(); ++c) {
+            reduce.reduce(xs[c], messages[c].op, stream);
+            cuda_check(cudaStreamSynchronize(stream));
+            if (!same_bits(cuda::download(xs[c]), host_reduce(messages[c], 2, static_cast<int>(c))))
+              bad[static_cast<std::size_t>(r)].push_back(cat("call ", c, ": ", describe(messages[c])));
+          }
+          cuda_check(cudaStreamSynchronize(stream));
+          cuda_check(cudaStreamDestroy(stream));
+        } catch (const std::exception& e) {
+          bad[static_cast<std::size_t>(r)].push_back(e.what());
+          group->abort();
+        }
+      });
+    for (auto& t : threads) t.join();
+    unsetenv("NIBBLE_P2P_PUSH");
+    for (int r = 0; r < 2; ++r)
+      EXPECT_TRUE(bad[static_cast<std::size_t>(r)].empty())
+          << "NIBBLE_P2P_PUSH=" << push << ", rank " << r << ": " << bad[static_cast<std::size_t>(r)].size()
+          << " failures, first: " << bad[static_cast<std::size_t>(r)].front();
+  }
+}
+
 // Not a check: µs per all-reduce sum (F32) of 16 KB (batch 1 × 4096), 512 KB (batch 32) and 4 MB,
 // peer to peer against NCCL, from CUDA graphs of 32 back-to-back sums replayed 50 times on both
 // ranks.
