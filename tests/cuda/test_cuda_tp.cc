@@ -734,7 +734,7 @@ TEST(CudaTensorParallel, P2pAllReduceOfTwoRanksOnOneGpu) {
             xs.push_back(cuda::upload(rank_input(messages[c].dtype, messages[c].n, r, static_cast<int>(c))));
           cuda_check(cudaDeviceSynchronize());
           uploaded.fetch_add(1);  // no rank's kernels before both ranks' allocations
-          while (uploaded.load() < 2) std::this_thread::yield();
+          while (uploaded.load() < 2 && !group->aborted()) std::this_thread::yield();
           for (std::size_t c = 0; c < messages.size() && reduce.enabled(); ++c) {
             reduce.reduce(xs[c], messages[c].op, stream);
             cuda_check(cudaStreamSynchronize(stream));
