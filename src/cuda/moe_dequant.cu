@@ -1,6 +1,9 @@
-// Repacked INT4 / FP8 expert weights -> plain FP8 e4m3 (N, K) row-major (moe_dequant.h). One thread
-// per lane of a (16-row tile, 64-wide K block): it reads the lane's 16 (INT4) or 32 (FP8) bytes
-// with wide loads and writes 4-byte pieces of the rows they hold.
+// Repacked INT4 / FP8 expert weights -> plain FP8 e4m3 (N, K) row-major (moe_dequant.h). One warp
+// per (expert, 16-row tile, 64-wide K block) of the layout: each lane reads its 16 (INT4) or 32 (FP8)
+// bytes with wide loads, turns them into the FP8 words of the rows they hold and puts them in the
+// warp's 16 × 64-byte piece of shared memory; the warp then writes the piece out as 16-byte stores,
+// eight rows' 64 bytes a store instruction (whole 32-byte sectors). The earlier kernel stored each
+// lane's 4-byte words straight to global memory, half a sector a row a store.
 #include <algorithm>
 
 #include "cuda/cuda_check.h"
@@ -11,69 +14,80 @@
 namespace nibble::cuda {
 namespace {
 
-// e4m3 bytes of v = u - 8 for a stored nibble u in [0, 15]: u 0..7 -> -8..-1, u 8..15 -> 0..7.
-constexpr uint64_t kNegative = 0xB8C0C4C8CACCCED0ull;  // byte u: e4m3(u - 8) for u < 8
-constexpr uint64_t kPositive = 0x4E4C4A4844403800ull;  // byte u - 8: e4m3(u - 8) for u >= 8
+constexpr int kWarps = 8;  // warps a block
 
-__device__ inline uint32_t e4m3_of_nibble(uint32_t u) {
-  const uint64_t table = u < 8 ? kNegative : kPositive;
-  return static_cast<uint32_t>(table >> (8 * (u & 7))) & 0xFFu;
+// e4m3 bytes of v = u - 8 for stored nibbles u in [0, 15], four at a time (bytes of `u`, each < 16):
+// u < 8 -> -8..-1 from kNegative[u], u >= 8 -> 0..7 from kPositive[u - 8], the tables read by byte
+// permutes on u & 7 and blended by each byte's bit 3.
+constexpr uint32_t kNegativeLo = 0xCACCCED0u, kNegativeHi = 0xB8C0C4C8u;  // e4m3(-8) .. e4m3(-1)
+constexpr uint32_t kPositiveLo = 0x44403800u, kPositiveHi = 0x4E4C4A48u;  // e4m3(0) .. e4m3(7)
+
+__device__ inline uint32_t e4m3_of_nibbles(uint32_t u) {
+  const uint32_t packed = u | (u >> 4);                                  // nibbles u0 u1 in byte 0, u2 u3 in byte 2
+  const uint32_t select = __byte_perm(packed, 0u, 0x0020u) & 0x7777u;   // the four u & 7, as selectors
+  const uint32_t negative = __byte_perm(kNegativeLo, kNegativeHi, select);
+  const uint32_t positive = __byte_perm(kPositiveLo, kPositiveHi, select);
+  const uint32_t high = __byte_perm(u << 4, 0u, 0xBA98u);  // each byte: 0xFF where u >= 8
+  return (negative & ~high) | (positive & high);
 }
 
-// Lane (g = lane / 4, q = lane % 4) of tile t, K block kb: word j (s = j >> 1, h = j & 1) holds in
-// byte b the nibbles of rows 16t + g (low) and 16t + g + 8 (high), column 64kb + 32s + 16h + 4q +
-// b.
-__global__ void dequant_int4_kernel(const __grid_constant__ DequantArgs a) {
-  ptx::grid_dependency_wait();
-  ptx::launch_dependents();
-  const int64_t lanes_per_expert = a.n * a.k / 32;  // 32 values (16 bytes) a lane
-  const int64_t total = a.count * lanes_per_expert, kblocks = a.k / kGemmKBlock;
-  const auto* src = static_cast<const uint4*>(a.weights) + a.first * lanes_per_expert;
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total;
-       i += int64_t{gridDim.x} * blockDim.x) {
-    const uint4 v = src[i];
-    const uint32_t words[4] = {v.x, v.y, v.z, v.w};
-    const int64_t e = i / lanes_per_expert, r = i % lanes_per_expert;
-    const int lane = static_cast<int>(r % 32), g = lane >> 2, q = lane & 3;
-    const int64_t kb = (r / 32) % kblocks, t = r / 32 / kblocks;
-    uint8_t* row_lo = a.out + (e * a.n + 16 * t + g) * a.k + kb * kGemmKBlock + 4 * q;
-    uint8_t* row_hi = row_lo + 8 * a.k;
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      uint32_t lo = 0, hi = 0;
-#pragma unroll
-      for (int b = 0; b < 4; ++b) {
-        lo |= e4m3_of_nibble((words[j] >> (8 * b)) & 0xFu) << (8 * b);
-        hi |= e4m3_of_nibble((words[j] >> (8 * b + 4)) & 0xFu) << (8 * b);
-      }
-      const int64_t col = 32 * (j >> 1) + 16 * (j & 1);
-      *reinterpret_cast<uint32_t*>(row_lo + col) = lo;
-      *reinterpret_cast<uint32_t*>(row_hi + col) = hi;
-    }
+// The warp's piece: 16 rows × 64 bytes, 16-byte chunk c of row r at chunk c ^ ((r >> 1) & 3) of the
+// row (the lanes' 4-byte writes of one (s, h) and the 16-byte reads of eight rows both meet every
+// bank once).
+struct Piece {
+  uint32_t words[16 * 16];
+  __device__ void put(int row, int chunk, int q, uint32_t v) {
+    words[16 * row + 4 * (chunk ^ ((row >> 1) & 3)) + q] = v;
   }
-}
+  __device__ uint4 get(int row, int chunk) const {
+    return *reinterpret_cast<const uint4*>(&words[16 * row + 4 * (chunk ^ ((row >> 1) & 3))]);
+  }
+};
 
-// FP8 layout: lane (g, q), word 4s + rr holds row 16t + g + 8(rr & 1), columns
-// 64kb + 32s + 16(rr >> 1) + 4q .. + 3, as stored.
-__global__ void dequant_fp8_kernel(const __grid_constant__ DequantArgs a) {
+// Lane (g = lane / 4, q = lane % 4) of item (expert, tile t, K block kb): word j of INT4 (s = j >> 1,
+// h = j & 1) holds in byte b the nibbles of rows g (low) and g + 8 (high), column 32s + 16h + 4q + b;
+// word 4s + rr of FP8 holds row g + 8(rr & 1), columns 32s + 16(rr >> 1) + 4q .. + 3.
+template <ExpertWeightFormat kFormat>
+__global__ void __launch_bounds__(32 * kWarps) dequant_kernel(const __grid_constant__ DequantArgs a) {
+  __shared__ Piece pieces[kWarps];
   ptx::grid_dependency_wait();
   ptx::launch_dependents();
-  const int64_t lanes_per_expert = a.n * a.k / 32;  // 32 values (32 bytes) a lane
-  const int64_t total = a.count * lanes_per_expert, kblocks = a.k / kGemmKBlock;
-  const auto* src = static_cast<const uint4*>(a.weights) + 2 * a.first * lanes_per_expert;
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total;
-       i += int64_t{gridDim.x} * blockDim.x) {
-    const uint4 v0 = src[2 * i], v1 = src[2 * i + 1];
-    const uint32_t words[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
-    const int64_t e = i / lanes_per_expert, r = i % lanes_per_expert;
-    const int lane = static_cast<int>(r % 32), g = lane >> 2, q = lane & 3;
-    const int64_t kb = (r / 32) % kblocks, t = r / 32 / kblocks;
-    uint8_t* base = a.out + (e * a.n + 16 * t + g) * a.k + kb * kGemmKBlock + 4 * q;
+  constexpr bool kInt4 = kFormat == ExpertWeightFormat::kInt4;
+  constexpr int kLaneWords = kInt4 ? 1 : 2;  // uint4 a lane
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, q = lane & 3;
+  Piece& piece = pieces[warp];
+  const auto tiles = static_cast<uint32_t>(a.n / 16), kblocks = static_cast<uint32_t>(a.k / kGemmKBlock);
+  const int64_t items = a.count * tiles * kblocks;
+  const auto* src = static_cast<const uint4*>(a.weights) + (a.first * tiles * kblocks) * 32 * kLaneWords;
+  for (int64_t item = blockIdx.x * int64_t{kWarps} + warp; item < items; item += int64_t{gridDim.x} * kWarps) {
+    if constexpr (kInt4) {
+      const uint4 v = src[item * 32 + lane];
+      const uint32_t words[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
-    for (int w = 0; w < 8; ++w) {
-      const int s = w >> 2, rr = w & 3;
-      *reinterpret_cast<uint32_t*>(base + 8 * (rr & 1) * a.k + 32 * s + 16 * (rr >> 1)) = words[w];
+      for (int j = 0; j < 4; ++j) {
+        piece.put(g, j, q, e4m3_of_nibbles(words[j] & 0x0F0F0F0Fu));
+        piece.put(g + 8, j, q, e4m3_of_nibbles((words[j] >> 4) & 0x0F0F0F0Fu));
+      }
+    } else {
+      const uint4 v0 = src[(item * 32 + lane) * 2], v1 = src[(item * 32 + lane) * 2 + 1];
+      const uint32_t words[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
+#pragma unroll
+      for (int w = 0; w < 8; ++w) {
+        const int s = w >> 2, rr = w & 3;
+        piece.put(g + 8 * (rr & 1), 2 * s + (rr >> 1), q, words[w]);
+      }
     }
+    __syncwarp();
+    // Rows (e, 16t + r): lane L writes chunk L % 4 of row L / 4, then of row L / 4 + 8.
+    const auto kb = static_cast<uint32_t>(item % kblocks);
+    const int64_t tile_row = item / kblocks * 16;  // e · n + 16t: the tiles of consecutive experts follow
+    uint8_t* base = a.out + tile_row * a.k + kb * kGemmKBlock + 16 * q;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int r = g + 8 * half;
+      *reinterpret_cast<uint4*>(base + r * a.k) = piece.get(r, q);
+    }
+    __syncwarp();
   }
 }
 
@@ -83,12 +97,12 @@ void dequantize_experts_fp8(const DequantArgs& a, cudaStream_t stream) {
   check(a.n % 16 == 0 && a.k % kGemmKBlock == 0, "dequantize_experts_fp8: sizes ", a.n, "x", a.k,
         " are not multiples of 16 and ", kGemmKBlock);
   if (a.count == 0) return;
-  const int64_t lanes = a.count * a.n * a.k / 32;
-  const auto blocks = static_cast<unsigned>(std::min<int64_t>((lanes + 255) / 256, 132 * 16));
+  const int64_t items = a.count * (a.n / 16) * (a.k / kGemmKBlock);
+  const auto blocks = static_cast<unsigned>(std::min<int64_t>((items + kWarps - 1) / kWarps, 132 * 16));
   if (a.format == ExpertWeightFormat::kInt4)
-    launch_kernel(dequant_int4_kernel, blocks, 256, 0, stream, a);
+    launch_kernel(dequant_kernel<ExpertWeightFormat::kInt4>, blocks, 32 * kWarps, 0, stream, a);
   else
-    launch_kernel(dequant_fp8_kernel, blocks, 256, 0, stream, a);
+    launch_kernel(dequant_kernel<ExpertWeightFormat::kFp8>, blocks, 32 * kWarps, 0, stream, a);
   cuda_check(cudaGetLastError());
 }
 

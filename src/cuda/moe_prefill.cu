@@ -7,10 +7,12 @@
 #include "cuda/moe_prefill.h"
 
 #include <algorithm>
+#include <string>
 #include <vector>
 
 #include "cuda/cuda_check.h"
 #include "cuda/device.h"
+#include "cuda/env_setting.h"
 #include "cuda/launch.h"
 #include "cuda/moe.h"
 #include "cuda/moe_combine.h"
@@ -193,6 +195,11 @@ void moe_prefill(const Tensor& x, const MoeWeightsW4A8& w, const MoeParams& para
   cuda_check(cudaGetLastError());
 
   int64_t window = 0;  // index of the current chunk's window
+  // NIBBLE_MOE_PREFILL_STREAMS (1 to kPrefillStreams) caps the side streams (an experiment).
+  static const int side_streams = [] {
+    const std::string v = env_choice("NIBBLE_MOE_PREFILL_STREAMS", {"1", "2", "3", "4"});
+    return v.empty() ? kPrefillStreams : std::min(kPrefillStreams, std::stoi(v));
+  }();
 
   auto* gate_up_weights = pf.gate_up_weights.data<uint8_t>();
   auto* down_weights = pf.down_weights.data<uint8_t>();
@@ -242,17 +249,17 @@ void moe_prefill(const Tensor& x, const MoeWeightsW4A8& w, const MoeParams& para
     // and joined back into `stream`.
     auto for_each_expert = [&](auto gemm) {
       cuda_check(cudaEventRecord(pf.events[0], stream));
-      for (cudaStream_t s : pf.streams) cuda_check(cudaStreamWaitEvent(s, pf.events[0], 0));
+      for (int s = 0; s < side_streams; ++s) cuda_check(cudaStreamWaitEvent(pf.streams[s], pf.events[0], 0));
       int i = 0;
       for (auto it = group_begin; it != group_end; ++it) {
         const int64_t e = *it, a = std::max<int64_t>(padded[e], chunk.begin),
                       b = std::min<int64_t>(padded[e + 1], chunk.end);
         if (a >= b) continue;
-        const int s = i++ % kPrefillStreams;
+        const int s = i++ % side_streams;
         gemm(it - group_begin, a - chunk.begin, b - a,
              pf.lt_scratch.data<uint8_t>() + s * kLtScratchBytes, pf.streams[s]);
       }
-      for (int s = 0; s < kPrefillStreams; ++s) {
+      for (int s = 0; s < side_streams; ++s) {
         cuda_check(cudaEventRecord(pf.events[1 + s], pf.streams[s]));
         cuda_check(cudaStreamWaitEvent(stream, pf.events[1 + s], 0));
       }

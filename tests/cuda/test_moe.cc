@@ -377,35 +377,38 @@ TEST(MoePrefillPlan, CoversEveryRowOnceWithinTheLimits) {
 // repacked FP8 -> the original bytes, for a range of experts not starting at 0.
 TEST(MoeDequant, ExactFromRepackedLayouts) {
   SKIP_WITHOUT_GPU();
-  const int64_t E = 4, N = 48, K = 192, first = 1, count = 2;
-  const HostInt4 w = random_int4(E, N, K, 21);
-  Tensor d_out = poisoned(DType::kU8, {count, N, K});
-  const Tensor repacked = cuda::repack_int4_for_gemm_gpu(cuda::upload(w.packed));
-  cuda::dequantize_experts_fp8({.format = cuda::ExpertWeightFormat::kInt4, .weights = repacked.raw(),
-                                .out = d_out.data<uint8_t>(), .first = first, .count = count, .n = N, .k = K},
-                               nullptr);
-  const Tensor got = cuda::download(d_out);
-  int64_t mismatches = 0;
-  for (int64_t e = 0; e < count; ++e)
-    for (int64_t n = 0; n < N; ++n)
-      for (int64_t k = 0; k < K; ++k) {
-        const int32_t* row = w.packed.data<int32_t>() + ((first + e) * N + n) * (K / 8);
-        const uint8_t want = float_to_fp8_e4m3(static_cast<float>(int4_at(row, k)));
-        mismatches += got.data<uint8_t>()[(e * N + n) * K + k] != want;
-      }
-  EXPECT_EQ(mismatches, 0);
+  // The second shape has more (tile, K block) pieces than the launch has warps.
+  for (const auto& [E, N, K, first, count] : std::vector<std::array<int64_t, 5>>{{4, 48, 192, 1, 2},
+                                                                                {3, 2048, 7168, 1, 2}}) {
+    const HostInt4 w = random_int4(E, N, K, 21);
+    Tensor d_out = poisoned(DType::kU8, {count, N, K});
+    const Tensor repacked = cuda::repack_int4_for_gemm_gpu(cuda::upload(w.packed));
+    cuda::dequantize_experts_fp8({.format = cuda::ExpertWeightFormat::kInt4, .weights = repacked.raw(),
+                                  .out = d_out.data<uint8_t>(), .first = first, .count = count, .n = N, .k = K},
+                                 nullptr);
+    const Tensor got = cuda::download(d_out);
+    int64_t mismatches = 0;
+    for (int64_t e = 0; e < count; ++e)
+      for (int64_t n = 0; n < N; ++n)
+        for (int64_t k = 0; k < K; ++k) {
+          const int32_t* row = w.packed.data<int32_t>() + ((first + e) * N + n) * (K / 8);
+          const uint8_t want = float_to_fp8_e4m3(static_cast<float>(int4_at(row, k)));
+          mismatches += got.data<uint8_t>()[(e * N + n) * K + k] != want;
+        }
+    EXPECT_EQ(mismatches, 0);
 
-  Tensor codes = Tensor::zeros(DType::kU8, {E, N, K});
-  std::mt19937 rng(3);
-  for (int64_t i = 0; i < codes.numel(); ++i) codes.data<uint8_t>()[i] = static_cast<uint8_t>(rng() & 0x7Eu);
-  Tensor d_fp8 = poisoned(DType::kU8, {count, N, K});
-  const Tensor repacked_fp8 = cuda::repack_fp8_for_gemm_gpu(cuda::upload(codes));
-  cuda::dequantize_experts_fp8({.format = cuda::ExpertWeightFormat::kFp8, .weights = repacked_fp8.raw(),
-                                .out = d_fp8.data<uint8_t>(), .first = first, .count = count, .n = N, .k = K},
-                               nullptr);
-  const Tensor got_fp8 = cuda::download(d_fp8);
-  EXPECT_EQ(std::memcmp(got_fp8.raw(), codes.data<uint8_t>() + first * N * K, static_cast<std::size_t>(count * N * K)),
-            0);
+    Tensor codes = Tensor::zeros(DType::kU8, {E, N, K});
+    std::mt19937 rng(3);
+    for (int64_t i = 0; i < codes.numel(); ++i) codes.data<uint8_t>()[i] = static_cast<uint8_t>(rng() & 0x7Eu);
+    Tensor d_fp8 = poisoned(DType::kU8, {count, N, K});
+    const Tensor repacked_fp8 = cuda::repack_fp8_for_gemm_gpu(cuda::upload(codes));
+    cuda::dequantize_experts_fp8({.format = cuda::ExpertWeightFormat::kFp8, .weights = repacked_fp8.raw(),
+                                  .out = d_fp8.data<uint8_t>(), .first = first, .count = count, .n = N, .k = K},
+                                 nullptr);
+    const Tensor got_fp8 = cuda::download(d_fp8);
+    EXPECT_EQ(std::memcmp(got_fp8.raw(), codes.data<uint8_t>() + first * N * K, static_cast<std::size_t>(count * N * K)),
+              0);
+  }
 }
 
 // FP8 experts (the W8A8 comparison point) through the same grouped GEMM: random FP8 codes with
