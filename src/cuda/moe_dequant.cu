@@ -18,7 +18,7 @@ constexpr int kWarps = 8;  // warps a block
 
 // e4m3 bytes of v = u - 8 for stored nibbles u in [0, 15], four at a time (bytes of `u`, each < 16):
 // u < 8 -> -8..-1 from kNegative[u], u >= 8 -> 0..7 from kPositive[u - 8], the tables read by byte
-// permutes on u & 7 and blended by each byte's bit 3.
+// permutes on u & 7 (__byte_perm reads a selector's low 3 bits only) and blended by each byte's bit 3.
 constexpr uint32_t kNegativeLo = 0xCACCCED0u, kNegativeHi = 0xB8C0C4C8u;  // e4m3(-8) .. e4m3(-1)
 constexpr uint32_t kPositiveLo = 0x44403800u, kPositiveHi = 0x4E4C4A48u;  // e4m3(0) .. e4m3(7)
 
@@ -27,7 +27,7 @@ __device__ inline uint32_t e4m3_of_nibbles(uint32_t u) {
   const uint32_t select = __byte_perm(packed, 0u, 0x0020u) & 0x7777u;   // the four u & 7, as selectors
   const uint32_t negative = __byte_perm(kNegativeLo, kNegativeHi, select);
   const uint32_t positive = __byte_perm(kPositiveLo, kPositiveHi, select);
-  const uint32_t high = __byte_perm(u << 4, 0u, 0xBA98u);  // each byte: 0xFF where u >= 8
+  const uint32_t high = ((u >> 3) & 0x01010101u) * 0xFFu;  // each byte: 0xFF where u >= 8
   return (negative & ~high) | (positive & high);
 }
 
