@@ -180,7 +180,6 @@ __global__ void __launch_bounds__(kActThreads) activation_kernel(const __grid_co
     row_scale = p.row_scale[r];
   }
   float amax = 0.0f;
-#pragma unroll 4  // four float4 pairs of loads in flight a thread (prefill: many rows, each read once)
   for (int64_t i = threadIdx.x; i < cols / 4; i += blockDim.x) {  // 4 columns a thread
     const float4 v = activated_float4(p, r, col0 / 4 + i, channel, row_scale);  // this block's float4 i
     reinterpret_cast<float4*>(values)[i] = v;
