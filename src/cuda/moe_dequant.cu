@@ -48,7 +48,7 @@ struct Piece {
 // h = j & 1) holds in byte b the nibbles of rows g (low) and g + 8 (high), column 32s + 16h + 4q + b;
 // word 4s + rr of FP8 holds row g + 8(rr & 1), columns 32s + 16(rr >> 1) + 4q .. + 3.
 template <ExpertWeightFormat kFormat>
-__global__ void __launch_bounds__(32 * kWarps) dequant_kernel(const __grid_constant__ DequantArgs a) {
+__global__ void __launch_bounds__(32 * kWarps, 5) dequant_kernel(const __grid_constant__ DequantArgs a) {
   __shared__ Piece pieces[kWarps];
   ptx::grid_dependency_wait();
   ptx::launch_dependents();
@@ -59,35 +59,47 @@ __global__ void __launch_bounds__(32 * kWarps) dequant_kernel(const __grid_const
   const auto tiles = static_cast<uint32_t>(a.n / 16), kblocks = static_cast<uint32_t>(a.k / kGemmKBlock);
   const int64_t items = a.count * tiles * kblocks;
   const auto* src = static_cast<const uint4*>(a.weights) + (a.first * tiles * kblocks) * 32 * kLaneWords;
-  for (int64_t item = blockIdx.x * int64_t{kWarps} + warp; item < items; item += int64_t{gridDim.x} * kWarps) {
-    if constexpr (kInt4) {
-      const uint4 v = src[item * 32 + lane];
-      const uint32_t words[4] = {v.x, v.y, v.z, v.w};
+  // Two items a warp at a time, both loads issued before either is used (more bytes in flight).
+  const int64_t stride = int64_t{gridDim.x} * kWarps;
+  for (int64_t first = blockIdx.x * int64_t{kWarps} + warp; first < items; first += 2 * stride) {
+    uint4 v[2][kLaneWords];
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        piece.put(g, j, q, e4m3_of_nibbles(words[j] & 0x0F0F0F0Fu));
-        piece.put(g + 8, j, q, e4m3_of_nibbles((words[j] >> 4) & 0x0F0F0F0Fu));
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+      for (int w = 0; w < kLaneWords; ++w)
+        if (first + i * stride < items) v[i][w] = src[((first + i * stride) * 32 + lane) * kLaneWords + w];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int64_t item = first + i * stride;
+      if (item >= items) break;
+      if constexpr (kInt4) {
+        const uint32_t words[4] = {v[i][0].x, v[i][0].y, v[i][0].z, v[i][0].w};
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          piece.put(g, j, q, e4m3_of_nibbles(words[j] & 0x0F0F0F0Fu));
+          piece.put(g + 8, j, q, e4m3_of_nibbles((words[j] >> 4) & 0x0F0F0F0Fu));
+        }
+      } else {
+        const uint32_t words[8] = {v[i][0].x, v[i][0].y, v[i][0].z, v[i][0].w,
+                                   v[i][1].x, v[i][1].y, v[i][1].z, v[i][1].w};
+#pragma unroll
+        for (int w = 0; w < 8; ++w) {
+          const int s = w >> 2, rr = w & 3;
+          piece.put(g + 8 * (rr & 1), 2 * s + (rr >> 1), q, words[w]);
+        }
       }
-    } else {
-      const uint4 v0 = src[(item * 32 + lane) * 2], v1 = src[(item * 32 + lane) * 2 + 1];
-      const uint32_t words[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
+      __syncwarp();
+      // Rows (e, 16t + r): lane L writes chunk L % 4 of row L / 4, then of row L / 4 + 8.
+      const auto kb = static_cast<uint32_t>(item % kblocks);
+      const int64_t tile_row = item / kblocks * 16;  // e · n + 16t: the tiles of consecutive experts follow
+      uint8_t* base = a.out + tile_row * a.k + kb * kGemmKBlock + 16 * q;
 #pragma unroll
-      for (int w = 0; w < 8; ++w) {
-        const int s = w >> 2, rr = w & 3;
-        piece.put(g + 8 * (rr & 1), 2 * s + (rr >> 1), q, words[w]);
+      for (int half = 0; half < 2; ++half) {
+        const int r = g + 8 * half;
+        *reinterpret_cast<uint4*>(base + r * a.k) = piece.get(r, q);
       }
+      __syncwarp();
     }
-    __syncwarp();
-    // Rows (e, 16t + r): lane L writes chunk L % 4 of row L / 4, then of row L / 4 + 8.
-    const auto kb = static_cast<uint32_t>(item % kblocks);
-    const int64_t tile_row = item / kblocks * 16;  // e · n + 16t: the tiles of consecutive experts follow
-    uint8_t* base = a.out + tile_row * a.k + kb * kGemmKBlock + 16 * q;
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int r = g + 8 * half;
-      *reinterpret_cast<uint4*>(base + r * a.k) = piece.get(r, q);
-    }
-    __syncwarp();
   }
 }
 
