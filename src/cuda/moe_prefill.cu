@@ -281,8 +281,7 @@ void moe_prefill(const Tensor& x, const MoeWeightsW4A8& w, const MoeParams& para
                              .activation = params.activation,
                              .row_scale = pf.x_scale.data<float>(),
                              .channel_scale = w.gate_up_scale.data<float>(),
-                             .row_expert = pf.row_expert.data<int32_t>() + chunk.begin,
-                             .kernel = ActivationKernel::kRowsTwice},
+                             .row_expert = pf.row_expert.data<int32_t>() + chunk.begin},
                             params.communicator, pf.act_amax, stream);
     for_each_expert([&](int64_t slot, int64_t row, int64_t n, void* scratch, cudaStream_t s) {
       pf.plan(H, n, I, pf.down.dtype())

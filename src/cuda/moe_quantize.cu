@@ -265,66 +265,6 @@ __global__ void __launch_bounds__(kActRowThreads) activation_rows_kernel(const _
   if (threadIdx.x == 0) p.scale[r] = scale;
 }
 
-// One block of kActTwiceThreads a row, nothing held: the row's activated values computed once for its
-// amax and again (their gate_up from L2) for the codes and sums, each as activation_rows_kernel
-// computes them, so the codes, scale and sums are that kernel's bit for bit. The row kernel holds a
-// row in registers, which at 1024 threads a block leaves one row an SM, its reads idle while it
-// quantizes: Mixtral's prefill activation (8192 rows at 4096 tokens) read its F32 gate_up at about
-// 1.8 TB/s that way (bench/RESULTS.md, twenty-second session).
-constexpr int kActTwiceThreads = 256;
-
-__global__ void __launch_bounds__(kActTwiceThreads, 4) activation_rows_twice_kernel(const __grid_constant__ ActivationArgs p) {
-  __shared__ float warp_amax[kActTwiceThreads / 32];
-  activation_dependency_wait(p);
-  const int64_t r = blockIdx.x, I = p.intermediate, units = I / 8;
-  uint8_t* codes = p.codes + r * I;
-  float* sums = p.sums + r * (I / kRowBlock);
-  const float4* channel = nullptr;  // (2I / 4) this row's expert's scales, when the product is unscaled
-  float row_scale = 1.0f;
-  if (p.row_scale != nullptr) {
-    const int64_t e = p.row_expert[r];
-    if (e < 0) {  // a padding row: the whole block returns here
-      if (p.amax_out != nullptr) {
-        if (threadIdx.x == 0) p.amax_out[r] = 0.0f;
-        return;
-      }
-      return write_zero_row(codes, I, p.scale + r, sums);
-    }
-    channel = reinterpret_cast<const float4*>(p.channel_scale + e * 2 * I);
-    row_scale = p.row_scale[r];
-  }
-  auto unit_values = [&](int64_t unit, float (&v)[8]) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const float4 a = activated_float4(p, r, unit * 2 + h, channel, row_scale);
-      v[4 * h] = a.x, v[4 * h + 1] = a.y, v[4 * h + 2] = a.z, v[4 * h + 3] = a.w;
-    }
-  };
-  float amax = 0.0f;
-#pragma unroll 2
-  for (int64_t unit = threadIdx.x; unit < units; unit += blockDim.x) {
-    float v[8];
-    unit_values(unit, v);
-#pragma unroll
-    for (int j = 0; j < 8; ++j) amax = fmaxf(amax, fabsf(v[j]));
-  }
-  amax = block_amax(amax, warp_amax);
-  if (p.amax_out != nullptr) {  // the first pass under tensor parallelism: only the row's amax
-    if (threadIdx.x == 0) p.amax_out[r] = amax;
-    return;
-  }
-  const float scale = fmaxf(p.amax_in != nullptr ? p.amax_in[r] : amax, 1e-12f) / 448.0f;
-  const int64_t steps = (units + blockDim.x - 1) / blockDim.x;
-  for (int64_t step = 0; step < steps; ++step) {  // every thread takes every step (the sums shuffle)
-    const int64_t unit = step * blockDim.x + threadIdx.x;
-    float v[1][8] = {};
-    if (unit < units) unit_values(unit, v[0]);
-    store_units_fp8<1>(v, units - step * blockDim.x, scale, codes + step * blockDim.x * 8,
-                       sums + step * blockDim.x / 8);
-  }
-  if (threadIdx.x == 0) p.scale[r] = scale;
-}
-
 // Which activation kernel a call takes: ActivationArgs::kernel, else NIBBLE_ACTIVATION (cluster or
 // rows), else the cluster kernel where its grid (kActCluster blocks a row) is at most one block an SM
 // or the row kernel cannot take the row (I above 16384), the row kernel above. With few rows the row
@@ -337,7 +277,6 @@ ActivationKernel activation_kernel_for(const ActivationArgs& p) {
     return name == "cluster" ? ActivationKernel::kCluster : name == "rows" ? ActivationKernel::kRows
                                                                              : ActivationKernel::kAuto;
   }();
-  if (p.kernel == ActivationKernel::kRowsTwice) return p.kernel;
   const ActivationKernel chosen = p.kernel != ActivationKernel::kAuto ? p.kernel : setting;
   const bool rows_take_it = p.intermediate / 8 <= kActRowMaxUnits;
   if (chosen == ActivationKernel::kCluster || !rows_take_it) return ActivationKernel::kCluster;
@@ -379,12 +318,7 @@ void activation_quantize_fp8(const ActivationArgs& p, cudaStream_t stream) {
   check(p.intermediate > 0 && p.intermediate % kRowBlock == 0 && p.intermediate <= kMaxCols,
         "activation_quantize_fp8: ", p.intermediate, " columns");
   if (p.rows == 0) return;
-  const ActivationKernel kernel = activation_kernel_for(p);
-  if (kernel == ActivationKernel::kRowsTwice) {
-    launch_kernel(activation_rows_twice_kernel, static_cast<unsigned>(p.rows), kActTwiceThreads, 0, stream, p);
-    return cuda_check(cudaGetLastError());
-  }
-  if (kernel == ActivationKernel::kRows) {
+  if (activation_kernel_for(p) == ActivationKernel::kRows) {
     const int64_t units = p.intermediate / 8;
     const int threads = static_cast<int>(std::min<int64_t>(kActRowThreads, (units + 31) / 32 * 32));
     const auto blocks = static_cast<unsigned>(p.rows);

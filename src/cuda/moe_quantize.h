@@ -39,9 +39,7 @@ void quantize_rows_fp8(const QuantizeRowsArgs& args, cudaStream_t stream);
 // The activation kernel: a cluster of blocks a row staging it in shared memory, or one block a row
 // holding it in registers (I up to 16384); kAuto: NIBBLE_ACTIVATION, else the cluster kernel for rows
 // whose clusters fit one block an SM and the row kernel for more (where it takes the row).
-// kRowsTwice (the prefill path's thousands of rows): a small block a row reading it twice, for its
-// amax and then for the codes (the second read from L2), so that many rows an SM are in flight.
-enum class ActivationKernel : uint8_t { kAuto, kCluster, kRows, kRowsTwice };
+enum class ActivationKernel : uint8_t { kAuto, kCluster, kRows };
 
 struct ActivationArgs {
   const float* gate_up;  // (splits, max_rows, 2I): partial sums over K splits, added here
