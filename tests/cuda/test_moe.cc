@@ -765,7 +765,8 @@ TEST(ActivationQuantize, MatchesHostDefinition) {
   for (const Case c : {Case{128, 1, 1, 1, Activation::kSilu, false}, Case{576, 2, 3, 3, Activation::kGelu, false},
                        Case{14336, 2, 2, 4, Activation::kSilu, false},
                        Case{1408, 37, 40, 2, Activation::kGeluTanh, false},
-                       Case{512, 20, 20, 1, Activation::kSilu, true}}) {
+                       Case{512, 20, 20, 1, Activation::kSilu, true},
+                       Case{14336, 600, 600, 1, Activation::kSilu, true}}) {  // prefill-sized
     const int64_t I = c.I, R = c.rows, E = 3;
     const Tensor gate_up = random_f32({c.splits, c.max_rows, 2 * I}, 21, c.prefill ? 40.0f : 0.5f);
     const Tensor row_scale = random_f32({R}, 22, 0.05f), channel = random_f32({E, 2 * I}, 23, 0.05f);
