@@ -113,16 +113,31 @@ void launch_quantize_rows(const QuantizeRowsArgs& p, int threads, cudaStream_t s
 // is computed as the one-block-a-row kernel did (a max has no rounding, sums stay per 64-block).
 // act(gate) · up for float4 c of row r's halves: gate_up summed over the K splits and, when the
 // product is unscaled (`channel`: this row's expert's scales), scaled by row_scale and the channels'.
+// kOneSplit (p.splits == 1): no loop around the loads, so that a thread's loads of several float4 may
+// be in flight together; the same values (0 + x, as the loop's first sum, turns -0 into +0). The
+// one-split variants also take the activation as a template argument (kAct, an Activation; -1: p's at
+// run time): a switch an element between the loads kept ptxas from issuing more than one float4 pair
+// ahead (cuobjdump: about 400 instructions between pairs).
+constexpr int kRuntimeActivation = -1;
+
+template <bool kOneSplit = false, int kAct = kRuntimeActivation>
 __device__ inline float4 activated_float4(const ActivationArgs& p, int64_t r, int64_t c, const float4* channel,
                                           float row_scale) {
   const int64_t I = p.intermediate;
   float4 gate = {0.0f, 0.0f, 0.0f, 0.0f}, up = gate;
-#pragma unroll 4
-  for (int64_t s = 0; s < p.splits; ++s) {
-    const auto* row = reinterpret_cast<const float4*>(p.gate_up + (s * p.max_rows + r) * 2 * I);
+  if constexpr (kOneSplit) {
+    const auto* row = reinterpret_cast<const float4*>(p.gate_up + r * 2 * I);
     const float4 g = row[c], u = row[I / 4 + c];
-    gate = {gate.x + g.x, gate.y + g.y, gate.z + g.z, gate.w + g.w};
-    up = {up.x + u.x, up.y + u.y, up.z + u.z, up.w + u.w};
+    gate = {0.0f + g.x, 0.0f + g.y, 0.0f + g.z, 0.0f + g.w};
+    up = {0.0f + u.x, 0.0f + u.y, 0.0f + u.z, 0.0f + u.w};
+  } else {
+#pragma unroll 4
+    for (int64_t s = 0; s < p.splits; ++s) {
+      const auto* row = reinterpret_cast<const float4*>(p.gate_up + (s * p.max_rows + r) * 2 * I);
+      const float4 g = row[c], u = row[I / 4 + c];
+      gate = {gate.x + g.x, gate.y + g.y, gate.z + g.z, gate.w + g.w};
+      up = {up.x + u.x, up.y + u.y, up.z + u.z, up.w + u.w};
+    }
   }
   if (channel != nullptr) {
     const float4 sg = channel[c], su = channel[I / 4 + c];
@@ -130,8 +145,9 @@ __device__ inline float4 activated_float4(const ActivationArgs& p, int64_t r, in
             gate.w * row_scale * sg.w};
     up = {up.x * row_scale * su.x, up.y * row_scale * su.y, up.z * row_scale * su.z, up.w * row_scale * su.w};
   }
-  return {activate(p.activation, gate.x) * up.x, activate(p.activation, gate.y) * up.y,
-          activate(p.activation, gate.z) * up.z, activate(p.activation, gate.w) * up.w};
+  const Activation act = kAct == kRuntimeActivation ? p.activation : static_cast<Activation>(kAct);
+  return {activate(act, gate.x) * up.x, activate(act, gate.y) * up.y, activate(act, gate.z) * up.z,
+          activate(act, gate.w) * up.w};
 }
 
 // The activation kernels let the down GEMM launch before they wait for gate_up (launch.h: the one
@@ -152,6 +168,7 @@ constexpr int kActThreads = 256;
 constexpr int kActCluster = 8;  // the portable cluster size
 constexpr int64_t kActMaxCols = kMaxCols / kActCluster;
 
+template <bool kOneSplit, int kAct>
 __global__ void __launch_bounds__(kActThreads) activation_kernel(const __grid_constant__ ActivationArgs p) {
   __shared__ __align__(16) float values[kActMaxCols];  // this block's columns, read as float4
   __shared__ float reduce[32];
@@ -180,8 +197,9 @@ __global__ void __launch_bounds__(kActThreads) activation_kernel(const __grid_co
     row_scale = p.row_scale[r];
   }
   float amax = 0.0f;
+#pragma unroll(kOneSplit ? 4 : 1)
   for (int64_t i = threadIdx.x; i < cols / 4; i += blockDim.x) {  // 4 columns a thread
-    const float4 v = activated_float4(p, r, col0 / 4 + i, channel, row_scale);  // this block's float4 i
+    const float4 v = activated_float4<kOneSplit, kAct>(p, r, col0 / 4 + i, channel, row_scale);  // this block's float4 i
     reinterpret_cast<float4*>(values)[i] = v;
     amax = fmaxf(amax, fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
   }
@@ -218,7 +236,7 @@ __global__ void __launch_bounds__(kActThreads) activation_kernel(const __grid_co
 constexpr int kActRowThreads = 1024;
 constexpr int64_t kActRowMaxUnits = 2 * kActRowThreads;  // I up to 16384
 
-template <int kUnits>
+template <int kUnits, bool kOneSplit, int kAct>
 __global__ void __launch_bounds__(kActRowThreads) activation_rows_kernel(const __grid_constant__ ActivationArgs p) {
   __shared__ float warp_amax[kActRowThreads / 32];
   activation_dependency_wait(p);
@@ -247,7 +265,7 @@ __global__ void __launch_bounds__(kActRowThreads) activation_rows_kernel(const _
     if (unit >= units) continue;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {  // the unit's two float4 of columns
-      const float4 a = activated_float4(p, r, unit * 2 + h, channel, row_scale);  // the unit's float4 h
+      const float4 a = activated_float4<kOneSplit, kAct>(p, r, unit * 2 + h, channel, row_scale);  // the unit's float4 h
       float* out = &v[u][4 * h];
       out[0] = a.x, out[1] = a.y, out[2] = a.z, out[3] = a.w;
 #pragma unroll
@@ -318,20 +336,36 @@ void activation_quantize_fp8(const ActivationArgs& p, cudaStream_t stream) {
   check(p.intermediate > 0 && p.intermediate % kRowBlock == 0 && p.intermediate <= kMaxCols,
         "activation_quantize_fp8: ", p.intermediate, " columns");
   if (p.rows == 0) return;
+  // NIBBLE_ACTIVATION_ONE_SPLIT=1: calls with one K split take the kernels' kOneSplit variants (an
+  // experiment, off by default until measured: the prefill path's activation reads its F32 gate_up at
+  // about 1.8 TB/s, bench/RESULTS.md, twenty-second session).
+  static const bool one_split_setting = env_switch("NIBBLE_ACTIVATION_ONE_SPLIT");
+  const bool one_split = (p.one_split < 0 ? one_split_setting : p.one_split == 1) && p.splits == 1;
+  // The kernel to launch: the one-split variant of p's activation, else the general one.
+  auto pick = [&](auto general, auto silu, auto gelu, auto gelu_tanh) {
+    if (!one_split) return general;
+    return p.activation == Activation::kSilu ? silu : p.activation == Activation::kGelu ? gelu : gelu_tanh;
+  };
+  constexpr int kSilu = static_cast<int>(Activation::kSilu), kGelu = static_cast<int>(Activation::kGelu),
+                kGeluTanh = static_cast<int>(Activation::kGeluTanh);
   if (activation_kernel_for(p) == ActivationKernel::kRows) {
     const int64_t units = p.intermediate / 8;
     const int threads = static_cast<int>(std::min<int64_t>(kActRowThreads, (units + 31) / 32 * 32));
     const auto blocks = static_cast<unsigned>(p.rows);
-    if (units <= threads)
-      launch_kernel(activation_rows_kernel<1>, blocks, threads, 0, stream, p);
-    else
-      launch_kernel(activation_rows_kernel<2>, blocks, threads, 0, stream, p);
+    auto* kernel = units <= threads
+                       ? pick(activation_rows_kernel<1, false, kRuntimeActivation>, activation_rows_kernel<1, true, kSilu>,
+                              activation_rows_kernel<1, true, kGelu>, activation_rows_kernel<1, true, kGeluTanh>)
+                       : pick(activation_rows_kernel<2, false, kRuntimeActivation>, activation_rows_kernel<2, true, kSilu>,
+                              activation_rows_kernel<2, true, kGelu>, activation_rows_kernel<2, true, kGeluTanh>);
+    launch_kernel(kernel, blocks, threads, 0, stream, p);
     return cuda_check(cudaGetLastError());
   }
   // A cluster of up to 8 blocks a row (fewer for a row of fewer 64-blocks).
   const auto cluster = static_cast<unsigned>(std::min<int64_t>(kActCluster, p.intermediate / kRowBlock));
-  launch_kernel_with({cluster_shape(cluster)}, activation_kernel, static_cast<unsigned>(p.rows) * cluster, kActThreads,
-                     0, stream, p);
+  launch_kernel_with({cluster_shape(cluster)},
+                     pick(activation_kernel<false, kRuntimeActivation>, activation_kernel<true, kSilu>,
+                          activation_kernel<true, kGelu>, activation_kernel<true, kGeluTanh>),
+                     static_cast<unsigned>(p.rows) * cluster, kActThreads, 0, stream, p);
 }
 
 namespace {

@@ -63,6 +63,10 @@ struct ActivationArgs {
   float* amax_out = nullptr;      // (rows)
   const float* amax_in = nullptr;  // (rows)
   ActivationKernel kernel = ActivationKernel::kAuto;
+  // The kernels' one-split variants (no loop over K splits, the activation a template argument; the
+  // same values bit for bit) where splits == 1: 1 yes, 0 no, -1 NIBBLE_ACTIVATION_ONE_SPLIT (off by
+  // default: an experiment, not yet measured).
+  int one_split = -1;
 };
 
 void activation_quantize_fp8(const ActivationArgs& args, cudaStream_t stream);

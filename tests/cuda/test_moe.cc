@@ -766,6 +766,7 @@ TEST(ActivationQuantize, MatchesHostDefinition) {
                        Case{14336, 2, 2, 4, Activation::kSilu, false},
                        Case{1408, 37, 40, 2, Activation::kGeluTanh, false},
                        Case{512, 20, 20, 1, Activation::kSilu, true},
+                       Case{576, 5, 5, 1, Activation::kGelu, true}, Case{1408, 9, 9, 1, Activation::kGeluTanh, false},
                        Case{14336, 600, 600, 1, Activation::kSilu, true}}) {  // prefill-sized
     const int64_t I = c.I, R = c.rows, E = 3;
     const Tensor gate_up = random_f32({c.splits, c.max_rows, 2 * I}, 21, c.prefill ? 40.0f : 0.5f);
@@ -792,14 +793,18 @@ TEST(ActivationQuantize, MatchesHostDefinition) {
     const Tensor d_gate_up = cuda::upload(gate_up), d_row_scale = cuda::upload(row_scale),
                  d_channel = cuda::upload(channel), d_expert = cuda::upload(i32_tensor(expert));
     // Both kernels against the host definition; the row kernel's outputs are the cluster's, bit for bit.
+    // With one K split, each kernel's one-split variant too.
     std::vector<Tensor> cluster_outputs;
-    for (const auto kernel : {cuda::ActivationKernel::kCluster, cuda::ActivationKernel::kRows}) {
+    for (const auto& [kernel, one_split] : std::vector<std::pair<cuda::ActivationKernel, int>>{
+             {cuda::ActivationKernel::kCluster, 0}, {cuda::ActivationKernel::kRows, 0},
+             {cuda::ActivationKernel::kCluster, 1}, {cuda::ActivationKernel::kRows, 1}}) {
       Tensor codes = poisoned(DType::kU8, {R, I}), scale = poisoned(DType::kF32, {R}),
              sums = poisoned(DType::kF32, {R, I / 64}), amax_out = poisoned(DType::kF32, {R});
       cuda::ActivationArgs args{.gate_up = d_gate_up.data<float>(), .splits = c.splits, .max_rows = c.max_rows,
                                 .codes = codes.data<uint8_t>(), .scale = scale.data<float>(),
                                 .sums = sums.data<float>(), .rows = R, .intermediate = I, .activation = c.act,
-                                .kernel = kernel};
+                                .kernel = kernel,
+                                .one_split = one_split};
       if (c.prefill) {
         args.row_scale = d_row_scale.data<float>();
         args.channel_scale = d_channel.data<float>();
@@ -835,16 +840,18 @@ TEST(ActivationQuantize, MatchesHostDefinition) {
         }
       }
       std::cout << "activation I=" << I << " rows=" << R << " splits=" << c.splits << (c.prefill ? " prefill" : "")
-                << (kernel == cuda::ActivationKernel::kRows ? ", row kernel" : ", cluster kernel") << ": " << flips
+                << (kernel == cuda::ActivationKernel::kRows ? ", row kernel" : ", cluster kernel")
+                << (one_split == 1 && c.splits == 1 ? " (one split)" : "") << ": " << flips
                 << " of " << R * I << " codes one step off\n";
       EXPECT_LE(flips, R * I / 1000 + 1);
       const std::vector<Tensor> outputs{got_codes, got_scale, got_sums, got_amax};
-      if (kernel == cuda::ActivationKernel::kCluster) {
+      if (kernel == cuda::ActivationKernel::kCluster && one_split == 0) {
         cluster_outputs = outputs;
       } else {
         for (std::size_t k = 0; k < outputs.size(); ++k)
           EXPECT_EQ(std::memcmp(outputs[k].raw(), cluster_outputs[k].raw(), outputs[k].nbytes()), 0)
-              << "I " << I << ": the row kernel's output " << k << " differs from the cluster kernel's";
+              << "I " << I << ": output " << k << " of kernel " << static_cast<int>(kernel) << " (one split "
+              << one_split << ") differs from the cluster kernel's";
       }
     }
   }
