@@ -393,6 +393,14 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
   // one call, runs interleaved, Mixtral-8x7B W4A8 ms a step (bench/RESULTS.md, twenty-first session):
   // batch 1 3.34, 3.34 against 3.37, 3.40; batch 8 7.54 against 7.61; batch 32 9.47, 9.53 against 9.53,
   // 9.66; Grok-1 shaped as one rank of tp 2, batch 32, 27.08 against 27.36.
+  // Two consumer warpgroups may take turns at the tensor cores (GemmW4A8Args::turns): each issues a
+  // stage's chain only after the other has issued its own, so that one group's chain runs while the
+  // other waits for its last, adds it to its sums and readies its next operands. Named barrier 2 + w
+  // holds warpgroup w until the other has issued; group 1 lets group 0 go first, and group 0 takes
+  // group 1's last arrival after the walk.
+  const bool turns = kGroups == 2 && !kMma && p.turns;
+  const int group_in_block = warp / 4;
+  if (turns && group_in_block == 1) ptx::named_barrier_arrive(2, kConsumers);
   const uint32_t full0 = __shfl_sync(0xFFFFFFFFu, ptx::smem_address(&sm.full[0]), 0);
   const uint32_t empty0 = __shfl_sync(0xFFFFFFFFu, ptx::smem_address(&sm.empty[0]), 0);
   int slot = kStages - 1;
@@ -497,6 +505,7 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
 #pragma unroll
       for (int j = 0; j < kAcc; ++j) d[j] = __uint_as_float(a[j % kBlocksPerStage][j % 2][j % 4] ^ a[3][1][j % 4]);
     } else {
+      if (turns) ptx::named_barrier_sync(2 + group_in_block, kConsumers);
       wgmma::fence();
 #pragma unroll
       for (int b = 0; b < kBlocksPerStage; ++b) {
@@ -506,6 +515,7 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
         wgmma::WgmmaE4m3<kRows>::mma(d, a[b][1], act_desc_hi | (lo + (32 >> 4)), 1);
       }
       wgmma::commit();
+      if (turns) ptx::named_barrier_arrive(2 + (group_in_block ^ 1), kConsumers);
       wgmma::wait<0>();
     }
 #pragma unroll
@@ -597,6 +607,7 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
     }
     walk.advance(compute, p);
   }
+  if (turns && group_in_block == 0) ptx::named_barrier_sync(2, kConsumers);
 }
 
 // Blocks of the <kTokenTiles, kFp8, kGroups, kMma> kernel an SM holds at once (the same on every
@@ -656,11 +667,13 @@ void launch(const GemmW4A8Args& p, cudaStream_t stream) {
   // Measured on an H200 (bench/RESULTS.md, nineteenth session, Mixtral-8x7B W4A8 decode, ms a step,
   // evict first / normal): batch 1 3.35-3.39 / 3.42-3.44, batch 8 7.89-7.92 / 7.95, batch 32 equal.
   static const bool evict_first = env_or("NIBBLE_MOE_EVICT_FIRST", 1) != 0;
+  static const bool turns = env_or("NIBBLE_MOE_TURNS", 0) != 0;
   GemmW4A8Args args = p;
   args.prefetch_stages = prefetch_stages;
   args.early_l2_stages = early_l2_stages;
   args.leave_out = leave_out;
   args.evict_first = evict_first;
+  args.turns = turns;
   // wgmma tiles: the activations in sorted order as a tensor map, boxes of a chunk's rows × 128 bytes.
   ActMap<kMma> act_map{};
   if constexpr (!kMma) {

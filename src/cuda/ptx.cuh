@@ -92,6 +92,10 @@ __device__ inline void warpgroup_registers_increase() {
 __device__ inline void named_barrier_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
+// This warp's arrival on barrier `id` over `threads` threads, without waiting for the others.
+__device__ inline void named_barrier_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
 // `bytes` (a multiple of 16, both ends 16-byte aligned) global -> shared, completing on `bar`.
 __device__ inline void bulk_copy_to_shared(void* smem, const void* global, uint32_t bytes, uint64_t* bar) {
   asm volatile(
