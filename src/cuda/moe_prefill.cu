@@ -1,6 +1,6 @@
 // The MoE prefill path (moe_prefill.h): padded-row layout, expert groups that fit the weight
 // scratch, chunks of padded rows that fit the buffers, and per chunk: gather-quantize -> one
-// cuBLASLt gate_up GEMM per expert (F32) -> scaled SiLU·mul + FP8 quant -> one down GEMM per expert
+// cuBLASLt gate_up GEMM per expert (F32 or BF16) -> scaled SiLU·mul + FP8 quant -> one down GEMM per expert
 // (BF16 or F32) into the window's down product; per window of chunks: scaled combine. Each active
 // expert is dequantized once a call; the per-expert GEMMs of a chunk run on kPrefillStreams side
 // streams.
@@ -103,12 +103,19 @@ MoePrefillWorkspace::MoePrefillWorkspace(int64_t E, int64_t H, int64_t I, int64_
   const int64_t rows = max_tokens * K, padded = max_padded_rows(rows, E);
   slots = std::clamp<int64_t>(options.weight_scratch_bytes / (3 * I * H), 1, E);
   const int64_t all_rows = round_up(padded, kPrefillRowQuantum);
-  // The F32 gate_up product (8·I bytes a row) bounds a chunk; the down product a window.
-  chunk_rows = std::max(kPrefillRowQuantum,
-                        options.buffer_bytes / (8 * I) / kPrefillRowQuantum * kPrefillRowQuantum);
-  chunk_rows = std::min(chunk_rows, all_rows);
+  static const std::string gate_up_setting = env_choice("NIBBLE_MOE_GATE_UP_PRODUCT", {"f32", "bf16"});
+  const DType gate_up_product = gate_up_setting == "f32"    ? DType::kF32
+                                : gate_up_setting == "bf16" ? DType::kBF16
+                                                            : options.gate_up_product;
   check(options.down_product == DType::kF32 || options.down_product == DType::kBF16,
         "MoE prefill: the down product must be F32 or BF16");
+  check(gate_up_product == DType::kF32 || gate_up_product == DType::kBF16,
+        "MoE prefill: the gate_up product must be F32 or BF16");
+  // The gate_up product (2I values a row) bounds a chunk; the down product a window.
+  const auto gate_up_row_bytes = 2 * I * static_cast<int64_t>(dtype_size(gate_up_product));
+  chunk_rows = std::max(kPrefillRowQuantum,
+                        options.buffer_bytes / gate_up_row_bytes / kPrefillRowQuantum * kPrefillRowQuantum);
+  chunk_rows = std::min(chunk_rows, all_rows);
   const auto down_row_bytes = H * static_cast<int64_t>(dtype_size(options.down_product));
   window_rows = options.down_bytes / down_row_bytes / kPrefillRowQuantum * kPrefillRowQuantum;
   window_rows = std::min(std::max(window_rows, chunk_rows), all_rows);
@@ -121,7 +128,7 @@ MoePrefillWorkspace::MoePrefillWorkspace(int64_t E, int64_t H, int64_t I, int64_
   x_fp8 = empty(DType::kF8E4M3, {chunk_rows, H});
   x_scale = empty(DType::kF32, {chunk_rows});
   sums = empty(DType::kF32, {chunk_rows * std::max(H, I) / 64});
-  gate_up = empty(DType::kF32, {chunk_rows, 2 * I});
+  gate_up = empty(gate_up_product, {chunk_rows, 2 * I});
   act_fp8 = empty(DType::kF8E4M3, {chunk_rows, I});
   act_scale = empty(DType::kF32, {window_rows});
   act_amax = empty(DType::kF32, {chunk_rows});
@@ -264,13 +271,16 @@ void moe_prefill(const Tensor& x, const MoeWeightsW4A8& w, const MoeParams& para
         cuda_check(cudaStreamWaitEvent(stream, pf.events[1 + s], 0));
       }
     };
+    const bool f32_gate_up = pf.gate_up.dtype() == DType::kF32;
     for_each_expert([&](int64_t slot, int64_t row, int64_t n, void* scratch, cudaStream_t s) {
-      pf.plan(2 * I, n, H, DType::kF32)
+      pf.plan(2 * I, n, H, pf.gate_up.dtype())
           .run(gate_up_weights + slot * 2 * I * H, pf.x_fp8.data<uint8_t>() + row * H,
-               pf.gate_up.data<float>() + row * 2 * I, 1.0f, scratch, s);
+               static_cast<char*>(pf.gate_up.raw()) +
+                   row * 2 * I * static_cast<int64_t>(dtype_size(pf.gate_up.dtype())),
+               1.0f, scratch, s);
     });
     const int64_t in_window = chunk.begin - chunk.window_begin;  // chunk's first row in the window
-    activation_quantize_fp8({.gate_up = pf.gate_up.data<float>(),
+    activation_quantize_fp8({.gate_up = f32_gate_up ? pf.gate_up.data<float>() : nullptr,
                              .splits = 1,
                              .max_rows = rows,
                              .codes = pf.act_fp8.data<uint8_t>(),
@@ -281,7 +291,8 @@ void moe_prefill(const Tensor& x, const MoeWeightsW4A8& w, const MoeParams& para
                              .activation = params.activation,
                              .row_scale = pf.x_scale.data<float>(),
                              .channel_scale = w.gate_up_scale.data<float>(),
-                             .row_expert = pf.row_expert.data<int32_t>() + chunk.begin},
+                             .row_expert = pf.row_expert.data<int32_t>() + chunk.begin,
+                             .gate_up_bf16 = f32_gate_up ? nullptr : pf.gate_up.raw()},
                             params.communicator, pf.act_amax, stream);
     for_each_expert([&](int64_t slot, int64_t row, int64_t n, void* scratch, cudaStream_t s) {
       pf.plan(H, n, I, pf.down.dtype())

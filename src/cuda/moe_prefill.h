@@ -41,17 +41,20 @@ bool moe_prefill_preferred(int64_t tokens, int64_t top_k, int64_t experts);
 
 struct PrefillOptions {
   int64_t weight_scratch_bytes = int64_t{1} << 30;  // dequantized experts: slots × 3·I·H bytes
-  int64_t buffer_bytes = int64_t{2} << 30;          // the F32 gate_up chunk buffer
+  int64_t buffer_bytes = int64_t{2} << 30;          // the gate_up chunk buffer
   // The down product of consecutive chunks (a "window") stays until the window's combine pass: one
   // window for the whole call where it fits (BF16 at DeepSeek 32768 tokens: 3.8 GB), so that no
   // per-token running sums go through memory.
   int64_t down_bytes = int64_t{4} << 30;
   // The down GEMM's unscaled product: BF16 halves its traffic (DeepSeek at 32768 tokens: 15 -> 7.5
   // GB written and read) at the cost of one bf16 rounding (relative 2^-9) before the combine, the
-  // same as the output's own; F32 also works. The gate_up product stays F32: a bf16 rounding there
-  // would flip FP8 codes of the activations about 5× as often as the GEMMs' own summation order
-  // does.
+  // same as the output's own; F32 also works.
   DType down_product = DType::kBF16;
+  // The gate_up GEMM's unscaled product, F32 or BF16 (NIBBLE_MOE_GATE_UP_PRODUCT=bf16 or f32 overrides
+  // it): BF16 halves the product's traffic, written by the GEMM and read by the activation, at the cost
+  // of a bf16 rounding before SiLU·mul, which flips FP8 codes of the activations about 5× as often as
+  // the GEMMs' own summation order does.
+  DType gate_up_product = DType::kF32;
 };
 
 // Rows are "padded rows": expert e's routed pairs at padded_offsets[e] .. + count, then padding up
@@ -80,7 +83,7 @@ struct MoePrefillWorkspace {
   Tensor x_fp8;             // F8_E4M3 (chunk_rows, H)
   Tensor x_scale;           // F32 (chunk_rows)
   Tensor sums;        // F32 (chunk_rows · max(H, I) / 64): written by the quantizers, not read
-  Tensor gate_up;     // F32 (chunk_rows, 2I) unscaled
+  Tensor gate_up;     // F32 or BF16 (options.gate_up_product) (chunk_rows, 2I) unscaled
   Tensor act_fp8;     // F8_E4M3 (chunk_rows, I)
   Tensor act_scale;   // F32 (window_rows)
   Tensor act_amax;    // F32 (chunk_rows): rows' amax over ranks under tensor parallelism

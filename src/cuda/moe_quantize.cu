@@ -120,12 +120,24 @@ void launch_quantize_rows(const QuantizeRowsArgs& p, int threads, cudaStream_t s
 // ahead (cuobjdump: about 400 instructions between pairs).
 constexpr int kRuntimeActivation = -1;
 
-template <bool kOneSplit = false, int kAct = kRuntimeActivation>
+// kBf16 (one split only): the product's BF16 copy (ActivationArgs::gate_up_bf16), each value the
+// float it widens to, so that the same values in F32 give the same codes bit for bit.
+template <bool kOneSplit = false, int kAct = kRuntimeActivation, bool kBf16 = false>
 __device__ inline float4 activated_float4(const ActivationArgs& p, int64_t r, int64_t c, const float4* channel,
                                           float row_scale) {
+  static_assert(kOneSplit || !kBf16, "a BF16 product has one split");
   const int64_t I = p.intermediate;
   float4 gate = {0.0f, 0.0f, 0.0f, 0.0f}, up = gate;
-  if constexpr (kOneSplit) {
+  if constexpr (kBf16) {  // 4 BF16 a uint2, the lower half first; a BF16 is the upper half of its fp32
+    const auto* row = reinterpret_cast<const uint2*>(static_cast<const uint16_t*>(p.gate_up_bf16) + r * 2 * I);
+    const uint2 g = row[c], u = row[I / 4 + c];
+    auto widen = [](uint2 w) {
+      return float4{0.0f + __uint_as_float(w.x << 16), 0.0f + __uint_as_float(w.x & 0xFFFF0000u),
+                    0.0f + __uint_as_float(w.y << 16), 0.0f + __uint_as_float(w.y & 0xFFFF0000u)};
+    };
+    gate = widen(g);
+    up = widen(u);
+  } else if constexpr (kOneSplit) {
     const auto* row = reinterpret_cast<const float4*>(p.gate_up + r * 2 * I);
     const float4 g = row[c], u = row[I / 4 + c];
     gate = {0.0f + g.x, 0.0f + g.y, 0.0f + g.z, 0.0f + g.w};
@@ -168,7 +180,7 @@ constexpr int kActThreads = 256;
 constexpr int kActCluster = 8;  // the portable cluster size
 constexpr int64_t kActMaxCols = kMaxCols / kActCluster;
 
-template <bool kOneSplit, int kAct>
+template <bool kOneSplit, int kAct, bool kBf16 = false>
 __global__ void __launch_bounds__(kActThreads) activation_kernel(const __grid_constant__ ActivationArgs p) {
   __shared__ __align__(16) float values[kActMaxCols];  // this block's columns, read as float4
   __shared__ float reduce[32];
@@ -199,7 +211,7 @@ __global__ void __launch_bounds__(kActThreads) activation_kernel(const __grid_co
   float amax = 0.0f;
 #pragma unroll(kOneSplit ? 4 : 1)
   for (int64_t i = threadIdx.x; i < cols / 4; i += blockDim.x) {  // 4 columns a thread
-    const float4 v = activated_float4<kOneSplit, kAct>(p, r, col0 / 4 + i, channel, row_scale);  // this block's float4 i
+    const float4 v = activated_float4<kOneSplit, kAct, kBf16>(p, r, col0 / 4 + i, channel, row_scale);  // this block's float4 i
     reinterpret_cast<float4*>(values)[i] = v;
     amax = fmaxf(amax, fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
   }
@@ -236,7 +248,7 @@ __global__ void __launch_bounds__(kActThreads) activation_kernel(const __grid_co
 constexpr int kActRowThreads = 1024;
 constexpr int64_t kActRowMaxUnits = 2 * kActRowThreads;  // I up to 16384
 
-template <int kUnits, bool kOneSplit, int kAct>
+template <int kUnits, bool kOneSplit, int kAct, bool kBf16 = false>
 __global__ void __launch_bounds__(kActRowThreads) activation_rows_kernel(const __grid_constant__ ActivationArgs p) {
   __shared__ float warp_amax[kActRowThreads / 32];
   activation_dependency_wait(p);
@@ -265,7 +277,7 @@ __global__ void __launch_bounds__(kActRowThreads) activation_rows_kernel(const _
     if (unit >= units) continue;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {  // the unit's two float4 of columns
-      const float4 a = activated_float4<kOneSplit, kAct>(p, r, unit * 2 + h, channel, row_scale);  // the unit's float4 h
+      const float4 a = activated_float4<kOneSplit, kAct, kBf16>(p, r, unit * 2 + h, channel, row_scale);  // the unit's float4 h
       float* out = &v[u][4 * h];
       out[0] = a.x, out[1] = a.y, out[2] = a.z, out[3] = a.w;
 #pragma unroll
@@ -340,11 +352,17 @@ void activation_quantize_fp8(const ActivationArgs& p, cudaStream_t stream) {
   // experiment, off by default until measured: the prefill path's activation reads its F32 gate_up at
   // about 1.8 TB/s, bench/RESULTS.md, twenty-second session).
   static const bool one_split_setting = env_switch("NIBBLE_ACTIVATION_ONE_SPLIT");
-  const bool one_split = (p.one_split < 0 ? one_split_setting : p.one_split == 1) && p.splits == 1;
-  // The kernel to launch: the one-split variant of p's activation, else the general one.
-  auto pick = [&](auto general, auto silu, auto gelu, auto gelu_tanh) {
+  const bool bf16 = p.gate_up_bf16 != nullptr;
+  check(!bf16 || p.splits == 1, "activation_quantize_fp8: a BF16 product has one split");
+  const bool one_split = bf16 || ((p.one_split < 0 ? one_split_setting : p.one_split == 1) && p.splits == 1);
+  // The kernel to launch: the one-split variant of p's activation (for p's product type), else the
+  // general one; `variants` lists SiLU, GELU and GELU-tanh on F32 then on BF16.
+  auto pick = [&](auto general, auto... variants) {
+    using Kernel = decltype(general);
+    const Kernel kernels[] = {variants...};
     if (!one_split) return general;
-    return p.activation == Activation::kSilu ? silu : p.activation == Activation::kGelu ? gelu : gelu_tanh;
+    const int act = p.activation == Activation::kSilu ? 0 : p.activation == Activation::kGelu ? 1 : 2;
+    return kernels[(bf16 ? 3 : 0) + act];
   };
   constexpr int kSilu = static_cast<int>(Activation::kSilu), kGelu = static_cast<int>(Activation::kGelu),
                 kGeluTanh = static_cast<int>(Activation::kGeluTanh);
@@ -354,9 +372,13 @@ void activation_quantize_fp8(const ActivationArgs& p, cudaStream_t stream) {
     const auto blocks = static_cast<unsigned>(p.rows);
     auto* kernel = units <= threads
                        ? pick(activation_rows_kernel<1, false, kRuntimeActivation>, activation_rows_kernel<1, true, kSilu>,
-                              activation_rows_kernel<1, true, kGelu>, activation_rows_kernel<1, true, kGeluTanh>)
+                              activation_rows_kernel<1, true, kGelu>, activation_rows_kernel<1, true, kGeluTanh>,
+                              activation_rows_kernel<1, true, kSilu, true>, activation_rows_kernel<1, true, kGelu, true>,
+                              activation_rows_kernel<1, true, kGeluTanh, true>)
                        : pick(activation_rows_kernel<2, false, kRuntimeActivation>, activation_rows_kernel<2, true, kSilu>,
-                              activation_rows_kernel<2, true, kGelu>, activation_rows_kernel<2, true, kGeluTanh>);
+                              activation_rows_kernel<2, true, kGelu>, activation_rows_kernel<2, true, kGeluTanh>,
+                              activation_rows_kernel<2, true, kSilu, true>, activation_rows_kernel<2, true, kGelu, true>,
+                              activation_rows_kernel<2, true, kGeluTanh, true>);
     launch_kernel(kernel, blocks, threads, 0, stream, p);
     return cuda_check(cudaGetLastError());
   }
@@ -364,7 +386,9 @@ void activation_quantize_fp8(const ActivationArgs& p, cudaStream_t stream) {
   const auto cluster = static_cast<unsigned>(std::min<int64_t>(kActCluster, p.intermediate / kRowBlock));
   launch_kernel_with({cluster_shape(cluster)},
                      pick(activation_kernel<false, kRuntimeActivation>, activation_kernel<true, kSilu>,
-                          activation_kernel<true, kGelu>, activation_kernel<true, kGeluTanh>),
+                          activation_kernel<true, kGelu>, activation_kernel<true, kGeluTanh>,
+                          activation_kernel<true, kSilu, true>, activation_kernel<true, kGelu, true>,
+                          activation_kernel<true, kGeluTanh, true>),
                      static_cast<unsigned>(p.rows) * cluster, kActThreads, 0, stream, p);
 }
 

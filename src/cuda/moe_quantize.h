@@ -67,6 +67,9 @@ struct ActivationArgs {
   // same values bit for bit) where splits == 1: 1 yes, 0 no, -1 NIBBLE_ACTIVATION_ONE_SPLIT (off by
   // default: an experiment, not yet measured).
   int one_split = -1;
+  // One split only: the product in BF16 (max_rows, 2I), read instead of gate_up (the prefill path's
+  // PrefillOptions::gate_up_product); the one-split variants take it. nullptr: gate_up.
+  const void* gate_up_bf16 = nullptr;
 };
 
 void activation_quantize_fp8(const ActivationArgs& args, cudaStream_t stream);

@@ -270,7 +270,7 @@ TEST_P(MoeLayer, MatchesCpuTwin) {
 // Scratch small enough that the prefill path takes several expert groups (5 experts of 64 in the
 // weight scratch), several row chunks per group (160 padded rows) and several combine windows (320
 // rows of BF16, 160 of F32), so every combine pass (first, middle, last) runs; with the down product
-// in BF16 (the default) and in F32.
+// in BF16 (the default) and in F32, and the gate_up product in F32 (the default) and in BF16.
 TEST(MoeLayerPrefill, ChunkedMatchesCpuTwin) {
   SKIP_WITHOUT_GPU();
   const int64_t E = 64, H = 512, I = 256, T = 1000, top_k = 8;
@@ -279,13 +279,17 @@ TEST(MoeLayerPrefill, ChunkedMatchesCpuTwin) {
                   .experts = {.format = WeightFormat::kInt4, .num_experts = E, .hidden_size = H,
                               .intermediate_size = I, .gate_up = gate_up.packed, .gate_up_scale = gate_up.scale,
                               .down = down.packed, .down_scale = down.scale}};
-  for (const DType product : {DType::kBF16, DType::kF32}) {
+  for (const auto& [product, gate_up_product] : std::vector<std::pair<DType, DType>>{
+           {DType::kBF16, DType::kF32}, {DType::kF32, DType::kF32}, {DType::kBF16, DType::kBF16}}) {
     const cuda::PrefillOptions options{
-        .weight_scratch_bytes = 5 * 3 * I * H, .buffer_bytes = 160 * 8 * I, .down_bytes = 320 * H * 2,
-        .down_product = product};
+        .weight_scratch_bytes = 5 * 3 * I * H,
+        .buffer_bytes = 160 * 2 * I * static_cast<int64_t>(dtype_size(gate_up_product)),
+        .down_bytes = 320 * H * 2,
+        .down_product = product,
+        .gate_up_product = gate_up_product};
     const LayerErrors err = layer_error(host, {.top_k = top_k}, T, options);
-    std::cout << "chunked prefill E=" << E << " H=" << H << " I=" << I << " T=" << T << " down product "
-              << dtype_name(product) << ": ";
+    std::cout << "chunked prefill E=" << E << " H=" << H << " I=" << I << " T=" << T << " gate_up product "
+              << dtype_name(gate_up_product) << ", down product " << dtype_name(product) << ": ";
     print_errors(err);
     expect_layer_bounds(err);
   }
@@ -769,7 +773,10 @@ TEST(ActivationQuantize, MatchesHostDefinition) {
                        Case{576, 5, 5, 1, Activation::kGelu, true}, Case{1408, 9, 9, 1, Activation::kGeluTanh, false},
                        Case{14336, 600, 600, 1, Activation::kSilu, true}}) {  // prefill-sized
     const int64_t I = c.I, R = c.rows, E = 3;
-    const Tensor gate_up = random_f32({c.splits, c.max_rows, 2 * I}, 21, c.prefill ? 40.0f : 0.5f);
+    // With one split the values are BF16's (exact in F32), so that the product's BF16 copy
+    // (ActivationArgs::gate_up_bf16) must give the F32 kernels' outputs bit for bit.
+    const Tensor random_gate_up = random_f32({c.splits, c.max_rows, 2 * I}, 21, c.prefill ? 40.0f : 0.5f);
+    const Tensor gate_up = c.splits == 1 ? to_f32(to_bf16(random_gate_up)) : random_gate_up;
     const Tensor row_scale = random_f32({R}, 22, 0.05f), channel = random_f32({E, 2 * I}, 23, 0.05f);
     std::vector<int32_t> expert(R);
     for (int64_t r = 0; r < R; ++r) expert[r] = r % 5 == 4 ? -1 : static_cast<int32_t>(r % E);
@@ -790,21 +797,28 @@ TEST(ActivationQuantize, MatchesHostDefinition) {
         values[r * I + i] = c.prefill && expert[r] < 0 ? 0.0f : host_activate(c.act, g) * u;
         amax[r] = std::max(amax[r], std::fabs(values[r * I + i]));
       }
-    const Tensor d_gate_up = cuda::upload(gate_up), d_row_scale = cuda::upload(row_scale),
+    const Tensor d_gate_up = cuda::upload(gate_up), d_gate_up_bf16 = cuda::upload(to_bf16(gate_up)),
+                 d_row_scale = cuda::upload(row_scale),
                  d_channel = cuda::upload(channel), d_expert = cuda::upload(i32_tensor(expert));
     // Both kernels against the host definition; the row kernel's outputs are the cluster's, bit for bit.
-    // With one K split, each kernel's one-split variant too.
+    // With one K split, each kernel's one-split variant too, on F32 and on BF16 (one_split 2 here).
     std::vector<Tensor> cluster_outputs;
     for (const auto& [kernel, one_split] : std::vector<std::pair<cuda::ActivationKernel, int>>{
              {cuda::ActivationKernel::kCluster, 0}, {cuda::ActivationKernel::kRows, 0},
-             {cuda::ActivationKernel::kCluster, 1}, {cuda::ActivationKernel::kRows, 1}}) {
+             {cuda::ActivationKernel::kCluster, 1}, {cuda::ActivationKernel::kRows, 1},
+             {cuda::ActivationKernel::kCluster, 2}, {cuda::ActivationKernel::kRows, 2}}) {
+      if (one_split == 2 && c.splits != 1) continue;
       Tensor codes = poisoned(DType::kU8, {R, I}), scale = poisoned(DType::kF32, {R}),
              sums = poisoned(DType::kF32, {R, I / 64}), amax_out = poisoned(DType::kF32, {R});
       cuda::ActivationArgs args{.gate_up = d_gate_up.data<float>(), .splits = c.splits, .max_rows = c.max_rows,
                                 .codes = codes.data<uint8_t>(), .scale = scale.data<float>(),
                                 .sums = sums.data<float>(), .rows = R, .intermediate = I, .activation = c.act,
                                 .kernel = kernel,
-                                .one_split = one_split};
+                                .one_split = std::min(one_split, 1)};
+      if (one_split == 2) {
+        args.gate_up = nullptr;
+        args.gate_up_bf16 = d_gate_up_bf16.raw();
+      }
       if (c.prefill) {
         args.row_scale = d_row_scale.data<float>();
         args.channel_scale = d_channel.data<float>();
@@ -841,7 +855,8 @@ TEST(ActivationQuantize, MatchesHostDefinition) {
       }
       std::cout << "activation I=" << I << " rows=" << R << " splits=" << c.splits << (c.prefill ? " prefill" : "")
                 << (kernel == cuda::ActivationKernel::kRows ? ", row kernel" : ", cluster kernel")
-                << (one_split == 1 && c.splits == 1 ? " (one split)" : "") << ": " << flips
+                << (one_split == 2 ? " (one split, BF16 product)" : one_split == 1 && c.splits == 1 ? " (one split)" : "")
+                << ": " << flips
                 << " of " << R * I << " codes one step off\n";
       EXPECT_LE(flips, R * I / 1000 + 1);
       const std::vector<Tensor> outputs{got_codes, got_scale, got_sums, got_amax};
