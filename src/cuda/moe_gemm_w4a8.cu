@@ -61,10 +61,11 @@ constexpr int kEarlyL2Stages = 0;
 // Timing experiments (bench/RESULTS.md): NIBBLE_MOE_LEAVE_OUT is a sum of what is left out: 1 the
 // consumers' math, 2 the activation copies, 4 the weight copies (wrong results; the time of the rest).
 enum LeaveOut : int { kNothing = 0, kMath = 1, kActivations = 2, kWeights = 4 };
-// Timing probes of the wgmma consumers (NIBBLE_MOE_PROBE, 16-row tiles only; wrong results): no
-// tensor-core instructions (the operands folded into the sums instead), or constant A operands (no
-// weight loads or nibble masks).
-enum Probe : int { kNoProbe = 0, kProbeNoTensor = 2, kProbeNoOperands = 3 };
+// Timing probes of the wgmma consumers (NIBBLE_MOE_PROBE; wrong results): no tensor-core
+// instructions (the operands folded into the sums instead; 16-row tiles), constant A operands (no
+// weight loads or nibble masks; 16- and 128-row tiles), or A from shared memory (the stage's
+// activations as both operands, no weight loads; 128-row tiles).
+enum Probe : int { kNoProbe = 0, kProbeNoTensor = 2, kProbeNoOperands = 3, kProbeSmemA = 4 };
 // Consumer warpgroups a wgmma block (64 output channels each, sharing the stage's activations): two
 // for 16-row tiles of wide projections (N >= kTwoGroupsMinN), else one; NIBBLE_MOE_CONSUMER_GROUPS
 // (1 or 2) overrides. Measured on an H200 (bench/RESULTS.md, 2026-11-30), ncu µs at 32 tokens, one
@@ -505,14 +506,28 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
 #pragma unroll
       for (int j = 0; j < kAcc; ++j) d[j] = __uint_as_float(a[j % kBlocksPerStage][j % 2][j % 4] ^ a[3][1][j % 4]);
     } else {
+      // Every A fragment in its registers before the chain starts: nvcc otherwise sank the nibble masks
+      // between the wgmma instructions of the 128-row tiles, and ptxas then put a warpgroup.arrive before
+      // each (ptxas C7519), which waits for the instruction before it.
+#pragma unroll
+      for (int b = 0; b < kBlocksPerStage; ++b)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) wgmma::fence_operand(a[b][h][i]);
       if (turns) ptx::named_barrier_sync(2 + group_in_block, kConsumers);
       wgmma::fence();
 #pragma unroll
       for (int b = 0; b < kBlocksPerStage; ++b) {
         // K block b: half b / 2, bytes 64 · (b % 2) of each 128-byte row; its second K step 32 bytes on.
         const uint32_t lo = slot_lo + static_cast<uint32_t>(((b / 2) * T::kHalfBytes + (b % 2) * 64) >> 4);
-        wgmma::WgmmaE4m3<kRows>::mma(d, a[b][0], act_desc_hi | lo, b);
-        wgmma::WgmmaE4m3<kRows>::mma(d, a[b][1], act_desc_hi | (lo + (32 >> 4)), 1);
+        if constexpr (kProbe == kProbeSmemA) {
+          wgmma::WgmmaE4m3<kRows>::mma_ss(d, act_desc_hi | lo, act_desc_hi | lo, b);
+          wgmma::WgmmaE4m3<kRows>::mma_ss(d, act_desc_hi | (lo + (32 >> 4)), act_desc_hi | (lo + (32 >> 4)), 1);
+        } else {
+          wgmma::WgmmaE4m3<kRows>::mma(d, a[b][0], act_desc_hi | lo, b);
+          wgmma::WgmmaE4m3<kRows>::mma(d, a[b][1], act_desc_hi | (lo + (32 >> 4)), 1);
+        }
       }
       wgmma::commit();
       if (turns) ptx::named_barrier_arrive(2 + (group_in_block ^ 1), kConsumers);
@@ -643,6 +658,13 @@ auto* kernel_for() {
     switch (probe) {
       case kProbeNoTensor: return moe_gemm_w4a8_kernel<kTokenTiles, kFp8, kGroups, kMma, kProbeNoTensor>;
       case kProbeNoOperands: return moe_gemm_w4a8_kernel<kTokenTiles, kFp8, kGroups, kMma, kProbeNoOperands>;
+      default: break;
+    }
+  }
+  if constexpr (kTokenTiles == 16) {
+    switch (probe) {
+      case kProbeNoOperands: return moe_gemm_w4a8_kernel<kTokenTiles, kFp8, kGroups, kMma, kProbeNoOperands>;
+      case kProbeSmemA: return moe_gemm_w4a8_kernel<kTokenTiles, kFp8, kGroups, kMma, kProbeSmemA>;
       default: break;
     }
   }
