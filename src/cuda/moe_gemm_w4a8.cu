@@ -394,11 +394,11 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
   // one call, runs interleaved, Mixtral-8x7B W4A8 ms a step (bench/RESULTS.md, twenty-first session):
   // batch 1 3.34, 3.34 against 3.37, 3.40; batch 8 7.54 against 7.61; batch 32 9.47, 9.53 against 9.53,
   // 9.66; Grok-1 shaped as one rank of tp 2, batch 32, 27.08 against 27.36.
-  // Two consumer warpgroups may take turns at the tensor cores (GemmW4A8Args::turns): each issues a
-  // stage's chain only after the other has issued its own, so that one group's chain runs while the
-  // other waits for its last, adds it to its sums and readies its next operands. Named barrier 2 + w
-  // holds warpgroup w until the other has issued; group 1 lets group 0 go first, and group 0 takes
-  // group 1's last arrival after the walk.
+  // Two consumer warpgroups take turns at the tensor cores (GemmW4A8Args::turns): each issues a stage's
+  // chain only after the other has issued its own, so that one group's chain runs while the other waits
+  // for its last, adds it to its sums and readies its next operands. Named barrier 2 + w holds
+  // warpgroup w until the other has issued; group 1 lets group 0 go first, and group 0 takes group 1's
+  // last arrival after the walk.
   const bool turns = kGroups == 2 && !kMma && p.turns;
   const int group_in_block = warp / 4;
   if (turns && group_in_block == 1) ptx::named_barrier_arrive(2, kConsumers);
@@ -506,15 +506,12 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
 #pragma unroll
       for (int j = 0; j < kAcc; ++j) d[j] = __uint_as_float(a[j % kBlocksPerStage][j % 2][j % 4] ^ a[3][1][j % 4]);
     } else {
-      // Every A fragment in its registers before the chain starts: nvcc otherwise sank the nibble masks
-      // between the wgmma instructions of the 128-row tiles, and ptxas then put a warpgroup.arrive before
-      // each (ptxas C7519), which waits for the instruction before it.
-#pragma unroll
-      for (int b = 0; b < kBlocksPerStage; ++b)
-#pragma unroll
-        for (int h = 0; h < 2; ++h)
-#pragma unroll
-          for (int i = 0; i < 4; ++i) wgmma::fence_operand(a[b][h][i]);
+      // ptxas puts a warpgroup.arrive before each wgmma of the 128-row tiles (C7519: nvcc sinks the nibble
+      // masks between them). Keeping every A fragment in registers before the chain (an operand fence a
+      // register, as CUTLASS's warpgroup_fence_operand) gave one arrive and eight QGMMA back to back, and
+      // was slower: Mixtral 1024 tokens 1435.6 µs against 1378.7, Grok-1 tp 2 2284.7 against 2175.3
+      // (bench/RESULTS.md, twenty-third session). So was A from shared memory with no weight loads at all
+      // (NIBBLE_MOE_PROBE=4: 1369.9).
       if (turns) ptx::named_barrier_sync(2 + group_in_block, kConsumers);
       wgmma::fence();
 #pragma unroll
@@ -689,7 +686,11 @@ void launch(const GemmW4A8Args& p, cudaStream_t stream) {
   // Measured on an H200 (bench/RESULTS.md, nineteenth session, Mixtral-8x7B W4A8 decode, ms a step,
   // evict first / normal): batch 1 3.35-3.39 / 3.42-3.44, batch 8 7.89-7.92 / 7.95, batch 32 equal.
   static const bool evict_first = env_or("NIBBLE_MOE_EVICT_FIRST", 1) != 0;
-  static const bool turns = env_or("NIBBLE_MOE_TURNS", 0) != 0;
+  // Two consumer warpgroups take turns at the tensor cores unless NIBBLE_MOE_TURNS=0. Measured on an
+  // H200 (bench/RESULTS.md, twenty-third session, nibble-bench-moe, the layer graph-replayed, µs without
+  // / with): Mixtral 32 tokens 209.2 / 207.9, 128 357.3 / 354.1, 256 514.7 / 506.2, 1024 1378.7 /
+  // 1349.4; Grok-1 tp 2 256 834.7 / 813.0, 1024 2175.3 / 2154.8.
+  static const bool turns = env_or("NIBBLE_MOE_TURNS", 1) != 0;
   GemmW4A8Args args = p;
   args.prefetch_stages = prefetch_stages;
   args.early_l2_stages = early_l2_stages;

@@ -348,10 +348,10 @@ void activation_quantize_fp8(const ActivationArgs& p, cudaStream_t stream) {
   check(p.intermediate > 0 && p.intermediate % kRowBlock == 0 && p.intermediate <= kMaxCols,
         "activation_quantize_fp8: ", p.intermediate, " columns");
   if (p.rows == 0) return;
-  // NIBBLE_ACTIVATION_ONE_SPLIT=1: calls with one K split take the kernels' kOneSplit variants (an
-  // experiment, off by default until measured: the prefill path's activation reads its F32 gate_up at
-  // about 1.8 TB/s, bench/RESULTS.md, twenty-second session).
-  static const bool one_split_setting = env_switch("NIBBLE_ACTIVATION_ONE_SPLIT");
+  // Calls with one K split take the kernels' kOneSplit variants unless NIBBLE_ACTIVATION_ONE_SPLIT=0.
+  // Measured on an H200 (bench/RESULTS.md, twenty-third session, nibble-bench-moe, the prefill path,
+  // µs without / with): Mixtral 4096 tokens 3729.1 / 3619.2, 32768 24020.4 / 23278.4.
+  static const bool one_split_setting = env_choice("NIBBLE_ACTIVATION_ONE_SPLIT", {"0", "1"}) != "0";
   const bool bf16 = p.gate_up_bf16 != nullptr;
   check(!bf16 || p.splits == 1, "activation_quantize_fp8: a BF16 product has one split");
   const bool one_split = bf16 || ((p.one_split < 0 ? one_split_setting : p.one_split == 1) && p.splits == 1);

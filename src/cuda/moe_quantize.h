@@ -64,8 +64,8 @@ struct ActivationArgs {
   const float* amax_in = nullptr;  // (rows)
   ActivationKernel kernel = ActivationKernel::kAuto;
   // The kernels' one-split variants (no loop over K splits, the activation a template argument; the
-  // same values bit for bit) where splits == 1: 1 yes, 0 no, -1 NIBBLE_ACTIVATION_ONE_SPLIT (off by
-  // default: an experiment, not yet measured).
+  // same values bit for bit) where splits == 1: 1 yes, 0 no, -1 NIBBLE_ACTIVATION_ONE_SPLIT (yes
+  // unless it is 0).
   int one_split = -1;
   // One split only: the product in BF16 (max_rows, 2I), read instead of gate_up (the prefill path's
   // PrefillOptions::gate_up_product); the one-split variants take it. nullptr: gate_up.

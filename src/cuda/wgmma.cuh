@@ -32,10 +32,6 @@ template <int kPending>
 __device__ inline void wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
 }
-// Keeps the compiler from moving the computation of a register operand past this point (put before
-// fence(): a register written between wgmma instructions makes ptxas insert a warpgroup.arrive before
-// each, which waits for the one before).
-__device__ inline void fence_operand(uint32_t& r) { asm volatile("" : "+r"(r)::"memory"); }
 // Makes this thread's generic-proxy shared-memory writes (cp.async included) visible to wgmma.
 __device__ inline void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 

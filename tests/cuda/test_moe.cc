@@ -236,12 +236,15 @@ LayerErrors layer_error(const MoeWeights& host, const MoeParams& params, int64_t
 // tensor cores sum each 64-wide K block with reduced precision (the GEMM test measures ~2e-4);
 // re-quantizing the activations to FP8 turns those differences into one-step code flips. Measured
 // 3.5e-3 to 6.7e-3 on an H200 (decode).
-void expect_layer_bounds(const LayerErrors& err) {
+// `prefill_bound` loosens the prefill path's: its gate_up product in BF16 (PrefillOptions) flips FP8
+// codes of the activations several times as often; measured 1.47e-2 on an H200 (E 64, H 512, I 256,
+// 1000 tokens, top-8), against 2.7e-3 to 3.2e-3 with the F32 product.
+void expect_layer_bounds(const LayerErrors& err, double prefill_bound = 1e-2) {
   EXPECT_LE(err.decode, 1e-2);
-  EXPECT_LE(err.prefill, 1e-2);
-  EXPECT_LE(err.between, 1e-2);
+  EXPECT_LE(err.prefill, prefill_bound);
+  EXPECT_LE(err.between, prefill_bound);
   EXPECT_LE(err.f32_decode, 1e-2);
-  EXPECT_LE(err.f32_prefill, 1e-2);
+  EXPECT_LE(err.f32_prefill, prefill_bound);
   EXPECT_LE(err.rounding, 1e-4);
 }
 
@@ -291,7 +294,7 @@ TEST(MoeLayerPrefill, ChunkedMatchesCpuTwin) {
     std::cout << "chunked prefill E=" << E << " H=" << H << " I=" << I << " T=" << T << " gate_up product "
               << dtype_name(gate_up_product) << ", down product " << dtype_name(product) << ": ";
     print_errors(err);
-    expect_layer_bounds(err);
+    expect_layer_bounds(err, gate_up_product == DType::kBF16 ? 2e-2 : 1e-2);
   }
 }
 
