@@ -166,19 +166,14 @@ struct Cursor {
   int expert, row_begin, rows, group, split, chunks, stages, kb_begin, kb_count;
 };
 
-// A unit is (active expert, `pair` neighbouring channel groups, K split): block `rank` of a cluster of
-// `pair` blocks takes the unit's group `rank` (past the last group: a block that only shares the
-// activations). Blocks (clusters) walk units `stride` apart.
 struct Walk {
   int units, groups, splits, kblocks, per_split, rows_per_chunk;
-  int pair = 1, rank = 0, stride = 1;
 
-  __device__ int unit_groups() const { return (groups + pair - 1) / pair; }
   __device__ void resolve(Cursor& c, const GemmW4A8Args& p) const {
     c.chunk = c.stage = 0;
     if (c.unit >= units) return;
-    const int slot = c.unit / (unit_groups() * splits), rest = c.unit % (unit_groups() * splits);
-    c.group = (rest / splits) * pair + rank;
+    const int slot = c.unit / (groups * splits), rest = c.unit % (groups * splits);
+    c.group = rest / splits;
     c.split = rest % splits;
     c.expert = __ldcg(p.active_experts + slot);  // through L2: possibly read before the grid dependency wait
     c.row_begin = __ldcg(p.expert_offsets + c.expert);
@@ -192,7 +187,7 @@ struct Walk {
     if (++c.stage < c.stages) return;
     c.stage = 0;
     if (++c.chunk < c.chunks) return;
-    c.unit += stride;
+    c.unit += gridDim.x;
     resolve(c, p);
   }
   __device__ bool valid(const Cursor& c) const { return c.unit < units; }
@@ -204,10 +199,7 @@ struct Walk {
 // empty, starts one bulk copy of each consumer warp's weights and its lanes' 16-byte activation copies,
 // all completing on the slot's `full` barrier; the consumers wait for `full`, compute, and release the
 // slot on `empty`. Neither side waits for the other's global loads (a unit's expert and row lookups).
-// kPair (128-row tiles): clusters of two blocks on neighbouring channel groups of the same rows, each
-// copying half of a stage's activation rows to both (TMA multicast), so that L2 serves each expert's
-// activations half as often; each block's `empty` barriers count the consumers of both.
-template <int kTokenTiles, bool kFp8, int kGroups, bool kMma, int kProbe = kNoProbe, bool kPair = false>
+template <int kTokenTiles, bool kFp8, int kGroups, bool kMma, int kProbe = kNoProbe>
 __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThreads,
                                   Tile<kTokenTiles, kFp8, kGroups, kMma>::kMinBlocks)
     moe_gemm_w4a8_kernel(const __grid_constant__ GemmW4A8Args p, const __grid_constant__ ActMap<kMma> act_map) {
@@ -226,33 +218,22 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
   // The routing and the activations come from the kernels before (launch.h); settled routing may be
   // read before the wait (GemmW4A8Args::routing_settled), and then each role waits below.
   if (!p.routing_settled) ptx::grid_dependency_wait();
-  static_assert(!kPair || (T::kWide && !kMma), "block pairs: 128-row wgmma tiles");
-  constexpr int kPairBlocks = kPair ? 2 : 1;
   Walk walk;
   walk.groups = (tiles + kWarps - 1) / kWarps;
   walk.splits = static_cast<int>(p.splits);
   walk.kblocks = static_cast<int>(p.k / kGemmKBlock);
   walk.per_split = (walk.kblocks + walk.splits - 1) / walk.splits;
-  walk.pair = kPairBlocks;
-  walk.rank = static_cast<int>(blockIdx.x) % kPairBlocks;
-  walk.stride = static_cast<int>(gridDim.x) / kPairBlocks;
-  walk.units = __ldcg(p.active_experts + p.num_experts) * walk.unit_groups() * walk.splits;
+  walk.units = __ldcg(p.active_experts + p.num_experts) * walk.groups * walk.splits;
   walk.rows_per_chunk = kRows;
-  const int first_unit = static_cast<int>(blockIdx.x) / kPairBlocks;
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
       ptx::mbarrier_init(&sm.full[s], 1);  // the producer's arrival with its expected bytes
-      // mma.sync: every lane arrives; wgmma: each consumer warp (of both blocks of a pair)
-      ptx::mbarrier_init(&sm.empty[s], kMma ? kConsumers : kWarps * kPairBlocks);
+      ptx::mbarrier_init(&sm.empty[s], kMma ? kConsumers : kWarps);  // mma.sync: every lane arrives
     }
     ptx::fence_mbarrier_init();
   }
-  // A pair's barriers are initialized before either block copies to or arrives on the other's.
-  if constexpr (kPair)
-    ptx::cluster_sync();
-  else
-    __syncthreads();
+  __syncthreads();
 
   // The weights of tile `tile` of a cursor's expert from K block kb.
   auto weights_at = [&](const Cursor& c, int tile, int kb) {
@@ -265,7 +246,7 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
   auto copy_weights = [&](const Cursor& c, int slot) {
     const int first = c.kb_begin + c.stage * kBlocksPerStage;
     const int nkb = min(kBlocksPerStage, c.kb_begin + c.kb_count - first);
-    const int valid_tiles = (p.leave_out & kWeights) ? 0 : max(0, min(kWarps, tiles - c.group * kWarps));
+    const int valid_tiles = (p.leave_out & kWeights) ? 0 : min(kWarps, tiles - c.group * kWarps);
     const auto bytes = static_cast<uint32_t>(nkb * T::kWarpBlockBytes);
     if (lane == 0) ptx::mbarrier_expect_tx(&sm.full[slot], bytes * valid_tiles);
     __syncwarp();
@@ -295,13 +276,10 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
   if (warp >= kWarps) {  // the producer
     if constexpr (T::kWide) {
       ptx::warpgroup_registers_decrease<kProducerRegs>();
-      if (warp > kWarps) {
-        if constexpr (kPair) ptx::cluster_sync();  // no block of a pair leaves before the other is done
-        return;
-      }
+      if (warp > kWarps) return;
     }
     // The block's first unit, resolved once (its lookups go to L2: each costs the pipeline's start).
-    Cursor start{.unit = first_unit};
+    Cursor start{.unit = static_cast<int>(blockIdx.x)};
     walk.resolve(start, p);
     // Settled routing: the first stages' weights are asked for while the kernel before finishes, into
     // the slots and then into L2.
@@ -355,8 +333,7 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
     } else {
       // Two boxes of the tensor map a stage (K blocks 0-1 and 2-3; zeros past K), the chunk's rows in
       // sorted order: rows past the expert's belong to the next expert and only feed their own output
-      // rows, which are not written; rows past the tensor read as zeros. A pair: each block's boxes are
-      // its half of the rows, copied to both blocks.
+      // rows, which are not written; rows past the tensor read as zeros.
       const bool acts = !(p.leave_out & kActivations);
       for (int step = 0; walk.valid(load); ++step) {
         const int slot = step % kStages;
@@ -366,22 +343,15 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
           ptx::mbarrier_arrive_expect_tx(&sm.full[slot], acts ? T::kActSlotBytes : 0);
           const int x = (load.kb_begin + load.stage * kBlocksPerStage) * kGemmKBlock;
           const int y = load.row_begin + load.chunk * kRows;
-          for (int h = 0; acts && h < 2; ++h) {
-            if constexpr (kPair)
-              ptx::tensor_copy_2d_multicast(&sm.act[slot][h * T::kHalfBytes + walk.rank * (T::kHalfBytes / 2)],
-                                            &act_map, x + h * 128, y + walk.rank * (kRows / 2), &sm.full[slot],
-                                            0x3);
-            else
-              ptx::tensor_copy_2d_to_shared(&sm.act[slot][h * T::kHalfBytes], &act_map, x + h * 128, y,
-                                            &sm.full[slot]);
-          }
+          for (int h = 0; acts && h < 2; ++h)
+            ptx::tensor_copy_2d_to_shared(&sm.act[slot][h * T::kHalfBytes], &act_map, x + h * 128, y,
+                                          &sm.full[slot]);
         }
         __syncwarp();
         walk.advance(load, p);
         if (prefetch > 0 && walk.valid(ahead)) prefetch_next();
       }
     }
-    if constexpr (kPair) ptx::cluster_sync();
     return;
   }
 
@@ -389,7 +359,7 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
   if constexpr (T::kWide) ptx::warpgroup_registers_increase<kConsumerRegs>();
   if (p.routing_settled) ptx::grid_dependency_wait();
   ptx::launch_dependents();
-  Cursor compute{.unit = first_unit};
+  Cursor compute{.unit = static_cast<int>(blockIdx.x)};
   walk.resolve(compute, p);
   float acc[kAcc] = {};
   [[maybe_unused]] const uint64_t act_desc = wgmma::descriptor_sw128(&sm.act[0][0]);
@@ -439,10 +409,7 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
   while (walk.valid(compute)) {
     if (++slot == kStages) slot = 0, parity ^= 1;
     auto wait_full = [&] { ptx::mbarrier_wait_at(full0 + 8 * slot, parity); };
-    auto release = [&] {
-      ptx::mbarrier_arrive_at(empty0 + 8 * slot);
-      if constexpr (kPair) ptx::mbarrier_arrive_remote(empty0 + 8 * slot, walk.rank ^ 1);
-    };
+    auto release = [&] { ptx::mbarrier_arrive_at(empty0 + 8 * slot); };
     if constexpr (kEarlySums > 0) {
       if (compute.stage == compute.stages - 1) {
         const int64_t act_row = act_row_of(compute);
@@ -653,7 +620,6 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
     walk.advance(compute, p);
   }
   if (turns && group_in_block == 0) ptx::named_barrier_sync(2, kConsumers);
-  if constexpr (kPair) ptx::cluster_sync();
 }
 
 // Blocks of the <kTokenTiles, kFp8, kGroups, kMma> kernel an SM holds at once (the same on every
@@ -731,41 +697,12 @@ void launch(const GemmW4A8Args& p, cudaStream_t stream) {
   args.leave_out = leave_out;
   args.evict_first = evict_first;
   args.turns = turns;
-  // NIBBLE_MOE_PAIRS=1: 128-row tiles in clusters of two blocks sharing the activations (kPair; an
-  // experiment, not yet measured).
-  static const bool pairs = env_or("NIBBLE_MOE_PAIRS", 0) != 0;
-  const bool paired = T::kWide && pairs && kernel == moe_gemm_w4a8_kernel<kTokenTiles, kFp8, kGroups, kMma>;
-  // wgmma tiles: the activations in sorted order as a tensor map, boxes of a chunk's rows × 128 bytes
-  // (a pair: half of them).
+  // wgmma tiles: the activations in sorted order as a tensor map, boxes of a chunk's rows × 128 bytes.
   ActMap<kMma> act_map{};
   if constexpr (!kMma) {
     const uint8_t* sorted = p.act_row == nullptr ? p.act : p.act_sorted;
     check(sorted != nullptr, "moe_gemm_w4a8: the wgmma tiles read the activations in sorted order (act_sorted)");
-    act_map = byte_matrix_map_sw128(sorted, p.max_rows, p.k, paired ? T::kRows / 2 : T::kRows);
-  }
-  if constexpr (T::kWide) {
-    if (paired) {
-      auto* pair_kernel = moe_gemm_w4a8_kernel<kTokenTiles, kFp8, kGroups, kMma, kNoProbe, true>;
-      allow_dynamic_smem(reinterpret_cast<const void*>(pair_kernel), kSmem);
-      // As many pairs as the GPU holds at once (a cluster's blocks share a GPC), each walking units of
-      // two neighbouring channel groups.
-      static const int resident_pairs = [&] {
-        const cudaLaunchAttribute cluster = cluster_shape(2);
-        cudaLaunchConfig_t config{};
-        config.gridDim = dim3(2 * static_cast<unsigned>(multiprocessor_count()));
-        config.blockDim = dim3(T::kThreads);
-        config.dynamicSmemBytes = kSmem;
-        config.attrs = const_cast<cudaLaunchAttribute*>(&cluster);
-        config.numAttrs = 1;
-        int clusters = 0;
-        cuda_check(cudaOccupancyMaxActiveClusters(&clusters, pair_kernel, &config));
-        return std::max(clusters, 1);
-      }();
-      const int64_t pair_units = p.expert_slots * ((groups + 1) / 2) * p.splits;
-      const auto pair_grid = static_cast<unsigned>(2 * grid_for(pair_units, resident_pairs).blocks);
-      launch_kernel_with({cluster_shape(2)}, pair_kernel, pair_grid, T::kThreads, kSmem, stream, args, act_map);
-      return;
-    }
+    act_map = byte_matrix_map_sw128(sorted, p.max_rows, p.k, T::kRows);
   }
   launch_kernel(kernel, grid, T::kThreads, kSmem, stream, args, act_map);
 }

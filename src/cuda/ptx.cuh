@@ -72,19 +72,6 @@ __device__ inline void mbarrier_arrive_at(uint32_t bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
 }
 __device__ inline void mbarrier_arrive(uint64_t* bar) { mbarrier_arrive_at(smem_address(bar)); }
-// Arrives (release, cluster scope) on the barrier at shared address `bar` of block `rank` of this
-// thread block's cluster (the same offset as `bar` in this block).
-__device__ inline void mbarrier_arrive_remote(uint32_t bar, uint32_t rank) {
-  asm volatile(
-      "{\n.reg .b32 remote;\nmapa.shared::cluster.u32 remote, %0, %1;\n"
-      "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n}\n" ::"r"(bar),
-      "r"(rank)
-      : "memory");
-}
-// Every thread of every block of the cluster arrives here before any goes on (release / acquire).
-__device__ inline void cluster_sync() {
-  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
-}
 // Arrives on `bar` once this thread's earlier cp.async copies have landed (counted in the barrier's
 // expected arrivals: noinc).
 __device__ inline void cp_async_mbarrier_arrive(uint64_t* bar) {
@@ -135,17 +122,6 @@ __device__ inline void tensor_copy_2d_to_shared(void* smem, const void* map, int
       "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
       " [%0], [%1, {%2, %3}], [%4];\n" ::"r"(smem_address(smem)),
       "l"(map), "r"(x), "r"(y), "r"(smem_address(bar))
-      : "memory");
-}
-
-// As tensor_copy_2d_to_shared, to the same shared-memory offset in each block of the cluster whose bit
-// is set in `blocks`, each completing on the barrier at `bar`'s offset in that block.
-__device__ inline void tensor_copy_2d_multicast(void* smem, const void* map, int x, int y, uint64_t* bar,
-                                                uint16_t blocks) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
-      " [%0], [%1, {%2, %3}], [%4], %5;\n" ::"r"(smem_address(smem)),
-      "l"(map), "r"(x), "r"(y), "r"(smem_address(bar)), "h"(blocks)
       : "memory");
 }
 
