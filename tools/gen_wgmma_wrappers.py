@@ -3,7 +3,7 @@
 (m64nNk32, A from registers or shared memory, B from shared memory, f32 accumulators). Run from the repository root."""
 import pathlib
 
-SHAPES = (8, 16, 32, 64, 128)
+SHAPES = (8, 16, 32, 64, 96, 128)
 
 HEADER = '''// Hopper warpgroup MMA (wgmma, sm_90a): FP8 e4m3 × e4m3 -> f32, m64nNk32, A from registers (each warp
 // holds rows 16w..16w+15 in the mma.m16n8k32 fragment layout; mma_ss: from shared memory), B from

@@ -178,7 +178,7 @@ INSTANTIATE_TEST_SUITE_P(Shapes, MoeGemm,
                                            GemmCase{8, 512, 14336, 8, 2}, GemmCase{64, 256, 1024, 64, 8},
                                            GemmCase{8, 256, 512, 1000, 1}, GemmCase{256, 128, 256, 40, 8},
                                            GemmCase{8, 128, 256, 8192, 2}, GemmCase{8, 512, 4096, 100, 2},
-                                           GemmCase{8, 256, 7168, 160, 2}));
+                                           GemmCase{8, 256, 7168, 160, 2}, GemmCase{8, 256, 512, 360, 2}));
 
 struct LayerCase {
   int64_t experts, hidden, inter, tokens, top_k;
