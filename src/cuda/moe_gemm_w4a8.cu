@@ -344,28 +344,21 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
         if (prefetch > 0 && walk.valid(ahead)) prefetch_next();
       }
     } else {
-      // Boxes of the tensor map a stage, two halves (K blocks 0-1 and 2-3; zeros past K), the chunk's
-      // rows in sorted order: rows past the expert's belong to the next expert and only feed their own
-      // output rows, which are not written; rows past the tensor read as zeros. A half is one box of the
-      // tile's rows, or (narrow copies, act_box_rows 32) as many 32-row boxes as hold the chunk's live
-      // rows: the rows past them keep an earlier stage's bytes (or none), which likewise feed only
-      // output rows that are not written (a wgmma's output column n reads row n of its B alone).
+      // Two boxes of the tensor map a stage (K blocks 0-1 and 2-3; zeros past K), the chunk's rows in
+      // sorted order: rows past the expert's belong to the next expert and only feed their own output
+      // rows, which are not written; rows past the tensor read as zeros.
       const bool acts = !(p.leave_out & kActivations);
-      const int box_rows = p.act_box_rows;
       for (int step = 0; walk.valid(load); ++step) {
         const int slot = step % kStages;
         if (step >= kStages) ptx::mbarrier_wait(&sm.empty[slot], ((step / kStages) - 1) & 1);
         if (step >= early) copy_weights(load, slot);
         if (lane == 0) {
-          const int live = min(kRows, load.rows - load.chunk * kRows);
-          const int boxes = acts ? (box_rows < kRows ? (live + box_rows - 1) / box_rows : 1) : 0;
-          ptx::mbarrier_arrive_expect_tx(&sm.full[slot], static_cast<uint32_t>(boxes * box_rows * 2 * 128));
+          ptx::mbarrier_arrive_expect_tx(&sm.full[slot], acts ? T::kActSlotBytes : 0);
           const int x = (load.kb_begin + load.stage * kBlocksPerStage) * kGemmKBlock;
           const int y = load.row_begin + load.chunk * kRows;
-          for (int h = 0; h < 2; ++h)
-            for (int i = 0; i < boxes; ++i)
-              ptx::tensor_copy_2d_to_shared(&sm.act[slot][h * T::kHalfBytes + i * box_rows * 128], &act_map,
-                                            x + h * 128, y + i * box_rows, &sm.full[slot]);
+          for (int h = 0; acts && h < 2; ++h)
+            ptx::tensor_copy_2d_to_shared(&sm.act[slot][h * T::kHalfBytes], &act_map, x + h * 128, y,
+                                          &sm.full[slot]);
         }
         __syncwarp();
         walk.advance(load, p);
@@ -736,16 +729,12 @@ void launch(const GemmW4A8Args& p, cudaStream_t stream) {
   args.evict_first = evict_first;
   args.turns = turns;
   args.narrow_chains = narrow_chains;
-  // Tiles of 64 and 128 rows copy a chunk's live rows (rounded up to 32) unless
-  // NIBBLE_MOE_NARROW_COPIES=0.
-  static const bool narrow_copies = env_or("NIBBLE_MOE_NARROW_COPIES", 1) != 0;
-  args.act_box_rows = narrow_copies && T::kRows >= 64 ? 32 : T::kRows;
   // wgmma tiles: the activations in sorted order as a tensor map, boxes of a chunk's rows × 128 bytes.
   ActMap<kMma> act_map{};
   if constexpr (!kMma) {
     const uint8_t* sorted = p.act_row == nullptr ? p.act : p.act_sorted;
     check(sorted != nullptr, "moe_gemm_w4a8: the wgmma tiles read the activations in sorted order (act_sorted)");
-    act_map = byte_matrix_map_sw128(sorted, p.max_rows, p.k, args.act_box_rows);
+    act_map = byte_matrix_map_sw128(sorted, p.max_rows, p.k, T::kRows);
   }
   launch_kernel(kernel, grid, T::kThreads, kSmem, stream, args, act_map);
 }

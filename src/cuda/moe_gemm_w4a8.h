@@ -77,8 +77,6 @@ struct GemmW4A8Args {
                                 // warpgroups issue their stages' tensor-core chains in turn
   bool narrow_chains = false;   // set by the launch (NIBBLE_MOE_NARROW_CHAINS, 1 by default): 128-row
                                 // tiles multiply only a chunk's live rows, rounded up to 32
-  int act_box_rows = 0;         // set by the launch: rows of the wgmma tiles' activation boxes, the tile's
-                                // or 32 (narrow copies: a stage copies a chunk's live rows rounded up)
   int consumer_groups = 0;      // wgmma consumer warpgroups a block, 1 or 2 (INT4 only); 0: the
                                 // NIBBLE_MOE_CONSUMER_GROUPS setting, else by shape (as choose_k_splits)
   GemmMath math = GemmMath::kDefault;  // INT4 weights, tiles of up to 16 rows; otherwise wgmma
