@@ -742,18 +742,11 @@ void launch(const GemmW4A8Args& p, cudaStream_t stream) {
 // Rows of the average active expert decide the tile's rows, with room for twice the average (so
 // that a busier than average expert still streams its weights once), up to NIBBLE_MOE_MAX_TILE_ROWS
 // (128; an expert with more rows takes several chunks, its weights read again, mostly from L2).
-// NIBBLE_MOE_WIDE_MIN_ROWS (an experiment, default 33) moves the least average rows an expert that
-// takes 128-row tiles (17 to 33: below it, 64-row tiles).
 int token_tiles_for(int64_t rows, int64_t expert_slots, int max_tile_rows = 0) {
   static const int fallback = env_or("NIBBLE_MOE_MAX_TILE_ROWS", kMaxTileRows);
-  static const int wide_min_rows = std::clamp(env_or("NIBBLE_MOE_WIDE_MIN_ROWS", 33), 17, 33);
   const bool wide = (max_tile_rows > 0 ? max_tile_rows : fallback) >= 128;
   const int64_t per_expert = (rows + expert_slots - 1) / std::max<int64_t>(1, expert_slots);
-  return per_expert <= 4    ? 1
-         : per_expert <= 8  ? 2
-         : per_expert <= 16 ? 4
-         : per_expert < wide_min_rows || !wide ? 8
-                                               : 16;
+  return per_expert <= 4 ? 1 : per_expert <= 8 ? 2 : per_expert <= 16 ? 4 : per_expert <= 32 || !wide ? 8 : 16;
 }
 
 // Consumer warpgroups for a problem of N channels in tiles of `token_tiles` 8-row tiles (INT4 wgmma).

@@ -292,18 +292,14 @@ __global__ void __launch_bounds__(kLogitWarps * 32) route_topk_group_kernel(cons
 }
 
 // Few tokens of at most kLogitWarps experts can take either one-launch kernel; NIBBLE_ROUTE=cluster or
-// counted picks one for every size it takes; by default the counted kernel. NIBBLE_ROUTE=kernels takes
-// the three kernels (and x's quantization in its own launch) at every size (an experiment). Measured on an H200
+// counted picks one for every size it takes; by default the counted kernel. Measured on an H200
 // (bench/RESULTS.md, 2026-11-30, RouteAndGroup.Timing, graph-replayed µs a call, cluster / counted):
 // Mixtral 1 token 7.99 / 6.65, 4 tokens 8.01 / 7.68, 16 and 32 tokens equal; Grok-1 1 token 8.79 / 7.38.
-enum class RouteKernel { kAuto, kCluster, kCounted, kKernels };
+enum class RouteKernel { kAuto, kCluster, kCounted };
 RouteKernel route_kernel_setting() {
   static const RouteKernel setting = [] {
-    const std::string name = env_choice("NIBBLE_ROUTE", {"auto", "cluster", "counted", "kernels"});
-    return name == "cluster"   ? RouteKernel::kCluster
-           : name == "counted" ? RouteKernel::kCounted
-           : name == "kernels" ? RouteKernel::kKernels
-                               : RouteKernel::kAuto;
+    const std::string name = env_choice("NIBBLE_ROUTE", {"auto", "cluster", "counted"});
+    return name == "cluster" ? RouteKernel::kCluster : name == "counted" ? RouteKernel::kCounted : RouteKernel::kAuto;
   }();
   return setting;
 }
@@ -322,11 +318,10 @@ bool route_and_group(const RouteArgs& route, const GroupArgs& group, cudaStream_
   check(route.tokens == group.tokens && route.experts == group.experts && route.top_k == group.top_k &&
             route.topk_ids == group.topk_ids,
         "route_and_group: the routing and grouping arguments disagree");
-  const RouteKernel setting = route_kernel_setting();
-  const bool one_launch = setting != RouteKernel::kKernels;
-  const bool counted = one_launch && group.blocks_done != nullptr && route.experts <= kLogitWarps &&
+  const bool counted = group.blocks_done != nullptr && route.experts <= kLogitWarps &&
                        route.tokens <= kMaxCountedTokens;
-  const bool fits_cluster = one_launch && route.tokens * route.experts <= kMaxFusedPairs;
+  const bool fits_cluster = route.tokens * route.experts <= kMaxFusedPairs;
+  const RouteKernel setting = route_kernel_setting();
   const bool takes_counted = route.tokens > 0 && counted && (!fits_cluster || setting != RouteKernel::kCluster);
   if (quantize != nullptr) {
     check(quantize->x == route.x && quantize->rows == route.tokens && quantize->cols == route.hidden &&
@@ -339,7 +334,7 @@ bool route_and_group(const RouteArgs& route, const GroupArgs& group, cudaStream_
       return false;
     }
   }
-  if (route.tokens == 0 || (!fits_cluster && !counted)) {
+  if (route.tokens == 0 || (route.tokens * route.experts > kMaxFusedPairs && !counted)) {
     route_topk(route, stream);
     group_by_expert(group, stream);
     return false;
