@@ -247,9 +247,16 @@ __global__ void __launch_bounds__(kActThreads) activation_kernel(const __grid_co
 // the same scaling and activation), so the codes, scales and sums are that kernel's.
 constexpr int kActRowThreads = 1024;
 constexpr int64_t kActRowMaxUnits = 2 * kActRowThreads;  // I up to 16384
+// Blocks of activation_rows_kernel an SM should hold: 1 (58 registers a thread, no spills, so one row
+// an SM at a time, its amax reduction between its loads and its stores: about 2 TB/s at Mixtral's 1024
+// tokens, bench/RESULTS.md); an experiment can build 2 (-DNIBBLE_DEFINES=NIBBLE_ACT_ROW_MIN_BLOCKS=2:
+// 32 registers, 40 bytes of spills).
+#ifndef NIBBLE_ACT_ROW_MIN_BLOCKS
+#define NIBBLE_ACT_ROW_MIN_BLOCKS 1
+#endif
 
 template <int kUnits, bool kOneSplit, int kAct, bool kBf16 = false>
-__global__ void __launch_bounds__(kActRowThreads) activation_rows_kernel(const __grid_constant__ ActivationArgs p) {
+__global__ void __launch_bounds__(kActRowThreads, NIBBLE_ACT_ROW_MIN_BLOCKS) activation_rows_kernel(const __grid_constant__ ActivationArgs p) {
   __shared__ float warp_amax[kActRowThreads / 32];
   activation_dependency_wait(p);
   const int64_t r = blockIdx.x, I = p.intermediate, units = I / 8;
