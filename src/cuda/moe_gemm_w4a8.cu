@@ -96,14 +96,23 @@ constexpr int kMmaMaxTokenTiles = 0;
 #define NIBBLE_MOE_BLOCKS_2G 2
 #endif
 
+// Narrow chains for the 64-row tiles too (an experiment, not yet run on a GPU: build with
+// -DNIBBLE_DEFINES=NIBBLE_MOE_NARROW_64=1).
+#ifndef NIBBLE_MOE_NARROW_64
+#define NIBBLE_MOE_NARROW_64 0
+#endif
+
 // The narrowest wgmma chain a chunk of `rows` live rows takes (GemmW4A8Args::narrow_chains): f is
 // called with std::integral_constant<int, N> for the least multiple N of kStep that holds them (kMax at
-// most).
+// most). `rows` is the same in every lane. Below 128-row tiles the test is a warp vote, so that ptxas
+// sees a uniform branch: with a plain comparison it serialized the 64-row tiles' wgmmas (C7520, a
+// compiler-inserted warpgroup arrive in a divergent path); the 128-row tiles' comparison is the one
+// measured (bench/RESULTS.md, twenty-fourth session).
 template <int kMax, int kStep, int kN = kStep, typename F>
 __device__ __forceinline__ void with_width(int rows, F&& f) {
   if constexpr (kN >= kMax)
     f(std::integral_constant<int, kMax>{});
-  else if (rows <= kN)
+  else if (kMax >= 128 ? rows <= kN : __all_sync(0xFFFFFFFFu, rows <= kN))
     f(std::integral_constant<int, kN>{});
   else
     with_width<kMax, kStep, kN + kStep>(rows, f);
@@ -552,14 +561,15 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
 #pragma unroll
         for (int j = 0; j < kN / 2; ++j) acc[j] += dn[j];
       };
-      // The chain's width (128-row tiles with narrow chains): the narrowest multiple of 32 rows (the
-      // narrowest wgmma at the tensor cores' full rate, bench/probe_tensor_rate.cu) that holds the
-      // chunk's live rows. The 64-row tiles keep one width: two made ptxas serialize their wgmmas
-      // (C7520: a compiler-inserted warpgroup arrive in a divergent path), as did the width chosen once
-      // a chunk around all of a stage's code (which also tripled the 128-row kernel's code, and was 5%
-      // slower at Grok-1's 2048 tokens, where the chunks are full).
+      // The chain's width (128-row tiles with narrow chains; 64-row tiles too with NIBBLE_MOE_NARROW_64):
+      // the narrowest multiple of 32 rows (the narrowest wgmma at the tensor cores' full rate,
+      // bench/probe_tensor_rate.cu) that holds the chunk's live rows. Chosen around the chain alone:
+      // around all of a stage's code it tripled the 128-row kernel's code and was 5% slower at
+      // Grok-1's 2048 tokens, where the chunks are full. The 64-row tiles keep one width by default:
+      // with two their chains have a warpgroup arrive before every wgmma (C7519), not yet measured.
+      constexpr bool kNarrow = (kRows >= 128 || (NIBBLE_MOE_NARROW_64 && kRows >= 64)) && kProbe == kNoProbe;
       const int live_rows = p.narrow_chains ? compute.rows - compute.chunk * kRows : kRows;
-      with_width<kRows, (kRows >= 128 && kProbe == kNoProbe ? 32 : kRows)>(live_rows, chain);
+      with_width<kRows, (kNarrow ? 32 : kRows)>(live_rows, chain);
     }
     if (lane == 0) release();  // this warp is done reading the slot
     }
