@@ -27,6 +27,17 @@ def short_name(name: str) -> str:
     return name if len(name) <= 60 else name[:57] + "..."
 
 
+def trace_table(path):
+    """The kernel trace's table in `path` as a csv.DictReader (after any lines before its header), or
+    None where there is none."""
+    text = open(path, encoding="utf-8", errors="replace").read()
+    start = text.find("Start")
+    if start < 0:
+        return None
+    start = text.rfind("\n", 0, start) + 1
+    return csv.DictReader(io.StringIO(text[start:]))
+
+
 def column(fields, prefix):
     for f in fields:
         if f.strip('"').startswith(prefix):
@@ -43,13 +54,10 @@ def main() -> int:
     ap.add_argument("--layer", type=int, default=10)
     ap.add_argument("--device", type=int, default=0, help="the GPU whose kernels count, where the trace has a Device column")
     args = ap.parse_args()
-    text = open(args.csv_file, encoding="utf-8", errors="replace").read()
-    start = text.find("Start")
-    if start < 0:
+    reader = trace_table(args.csv_file)
+    if reader is None:
         print("no trace table in", args.csv_file)
         return 1
-    start = text.rfind("\n", 0, start) + 1
-    reader = csv.DictReader(io.StringIO(text[start:]))
     f_start, f_dur, f_name = column(reader.fieldnames, "Start"), column(reader.fieldnames, "Duration"), column(
         reader.fieldnames, "Name")
     f_device = next((f for f in reader.fieldnames if f.strip('"').startswith("Device")), None)

@@ -8,12 +8,10 @@ it ends inside an earlier kernel). scripts/gpu-check's `layer-trace` mode runs i
 
     tools/summarize_layer_trace.py trace.csv [--replays 10]"""
 import argparse
-import csv
-import io
 import statistics
 import sys
 
-from summarize_kernel_timeline import column, short_name
+from summarize_kernel_timeline import column, short_name, trace_table
 
 
 def period_of(names):
@@ -30,13 +28,10 @@ def main() -> int:
     ap.add_argument("csv_file")
     ap.add_argument("--replays", type=int, default=10)
     args = ap.parse_args()
-    text = open(args.csv_file, encoding="utf-8", errors="replace").read()
-    start = text.find("Start")
-    if start < 0:
+    reader = trace_table(args.csv_file)
+    if reader is None:
         print("no trace table in", args.csv_file)
         return 1
-    start = text.rfind("\n", 0, start) + 1
-    reader = csv.DictReader(io.StringIO(text[start:]))
     f_start, f_dur, f_name = (column(reader.fieldnames, c) for c in ("Start", "Duration", "Name"))
     kernels = []
     for row in reader:

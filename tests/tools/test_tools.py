@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """tools/summarize_kernel_timeline.py on a made-up trace whose per-kernel figures are worked out by
 hand: kernels that overlap (a kernel ending inside an earlier one adds nothing), an idle gap, the
-step taken by default (the last but one), the layer listing, and a trace without embedding kernels."""
+step taken by default (the last but one), the layer listing, and a trace without embedding kernels;
+tools/summarize_layer_trace.py on made-up replays of a layer after a warm-up."""
 import os
 import subprocess
 import sys
@@ -9,6 +10,7 @@ import tempfile
 import unittest
 
 TOOL = os.path.join(os.path.dirname(__file__), "..", "..", "tools", "summarize_kernel_timeline.py")
+LAYER_TOOL = os.path.join(os.path.dirname(__file__), "..", "..", "tools", "summarize_layer_trace.py")
 
 # One step, times in ns from the step's start: (start, end, name).
 STEP = [
@@ -29,11 +31,11 @@ def trace(steps, offsets):
     return "\n".join(lines) + "\n"
 
 
-def run(text, *args):
+def run(text, *args, tool=TOOL):
     with tempfile.NamedTemporaryFile("w", suffix=".csv", delete=False) as f:
         f.write(text)
     try:
-        return subprocess.run([sys.executable, TOOL, f.name, *args], capture_output=True, text=True)
+        return subprocess.run([sys.executable, tool, f.name, *args], capture_output=True, text=True)
     finally:
         os.unlink(f.name)
 
@@ -90,6 +92,36 @@ class SummarizeKernelTimeline(unittest.TestCase):
         result = run(trace([STEP[1:]], [0]))
         self.assertNotEqual(result.returncode, 0)
         self.assertIn("no step", result.stdout)
+
+
+# A replayed layer, ns from the replay's start: C starts early (programmatic dependent launch) and
+# ends 2 µs after B; the replays start 20 µs apart.
+LAYER = [
+    (0, 3000, "void nibble::cuda::(anonymous namespace)::route_kernel(Args)"),
+    (1000, 10000, "void nibble::cuda::(anonymous namespace)::moe_gemm_kernel<16>(Args)"),
+    (2000, 12000, "void nibble::cuda::(anonymous namespace)::activation_kernel(Args)"),
+    (12000, 13000, "void nibble::cuda::(anonymous namespace)::combine_kernel<float>(Args)"),
+]
+
+
+class SummarizeLayerTrace(unittest.TestCase):
+    def test_medians_of_the_repeating_tail(self):
+        warm_up = [(0, 500_000, "void random_fill_kernel(Args)"), (0, 900_000, "void other_kernel(Args)")]
+        replays = [[(s, e, n) for s, e, n in LAYER]] * 12
+        result = run(trace([warm_up] + replays, [0] + [1_000_000 + 20_000 * i for i in range(12)]),
+                     tool=LAYER_TOOL)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        out = result.stdout
+        self.assertIn("4 kernels a replay; medians over the last 10 replays; a replay spans 13.0 µs", out)
+        # exposed, own (µs): A 3 of its own; B ends 7 past A; C 2 past B though it ran 10; D 1.
+        rows = [[float(x) for x in line.split()[:2]] for line in out.splitlines()[2:]]
+        self.assertEqual(rows, [[3.0, 3.0], [7.0, 9.0], [2.0, 10.0], [1.0, 1.0]])
+        self.assertTrue(out.splitlines()[3].endswith("moe_gemm_kernel<16>"))
+
+    def test_a_trace_that_does_not_repeat_fails_clearly(self):
+        result = run(trace([LAYER], [0]), tool=LAYER_TOOL)
+        self.assertNotEqual(result.returncode, 0)
+        self.assertIn("no repeating tail", result.stdout)
 
 
 if __name__ == "__main__":
