@@ -96,12 +96,6 @@ constexpr int kMmaMaxTokenTiles = 0;
 #define NIBBLE_MOE_BLOCKS_2G 2
 #endif
 
-// Narrow chains for the 64-row tiles too (an experiment, not yet run on a GPU: build with
-// -DNIBBLE_DEFINES=NIBBLE_MOE_NARROW_64=1).
-#ifndef NIBBLE_MOE_NARROW_64
-#define NIBBLE_MOE_NARROW_64 0
-#endif
-
 // The narrowest wgmma chain a chunk of `rows` live rows takes (GemmW4A8Args::narrow_chains): f is
 // called with std::integral_constant<int, N> for the least multiple N of kStep that holds them (kMax at
 // most). `rows` is the same in every lane. Below 128-row tiles the test is a warp vote, so that ptxas
@@ -561,13 +555,15 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
 #pragma unroll
         for (int j = 0; j < kN / 2; ++j) acc[j] += dn[j];
       };
-      // The chain's width (128-row tiles with narrow chains; 64-row tiles too with NIBBLE_MOE_NARROW_64):
-      // the narrowest multiple of 32 rows (the narrowest wgmma at the tensor cores' full rate,
-      // bench/probe_tensor_rate.cu) that holds the chunk's live rows. Chosen around the chain alone:
-      // around all of a stage's code it tripled the 128-row kernel's code and was 5% slower at
-      // Grok-1's 2048 tokens, where the chunks are full. The 64-row tiles keep one width by default:
-      // with two their chains have a warpgroup arrive before every wgmma (C7519), not yet measured.
-      constexpr bool kNarrow = (kRows >= 128 || (NIBBLE_MOE_NARROW_64 && kRows >= 64)) && kProbe == kNoProbe;
+      // The chain's width (tiles of 64 and 128 rows, with narrow chains): the narrowest multiple of 32
+      // rows (the narrowest wgmma at the tensor cores' full rate, bench/probe_tensor_rate.cu) that holds
+      // the chunk's live rows. Chosen around the chain alone: around all of a stage's code it tripled the
+      // 128-row kernel's code and was 5% slower at Grok-1's 2048 tokens, where the chunks are full. The
+      // 64-row tiles' width (n32 or n64, by a warp vote; ptxas puts a warpgroup arrive before each of
+      // their wgmmas, C7519) measured on an H200 (bench/RESULTS.md, twenty-fifth session, the layer, µs
+      // with / without, two rounds): Grok-1 tp 2 128 tokens 586.5, 583.3 / 617.2, 623.3; DeepSeek-V3
+      // 1024 3195.5, 3197.9 / 3338.8, 3341.5; Mixtral 128 355.8, 352.6 / 358.9, 365.6; equal at 64, 256.
+      constexpr bool kNarrow = kRows >= 64 && kProbe == kNoProbe;
       const int live_rows = p.narrow_chains ? compute.rows - compute.chunk * kRows : kRows;
       with_width<kRows, (kNarrow ? 32 : kRows)>(live_rows, chain);
     }
