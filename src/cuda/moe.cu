@@ -88,8 +88,8 @@ MoeWorkspace::MoeWorkspace(const MoeWeightsW4A8& w, int64_t tokens, int64_t k, P
   active_experts = empty(DType::kI32, {E + 1});
   sorted_tokens = empty(DType::kI32, {rows});
   row_pos = empty(DType::kI32, {rows});
-  route_done = empty(DType::kI32, {1});
-  cuda_check(cudaMemsetAsync(route_done.raw(), 0, sizeof(int32_t), compute_stream()));
+  route_done = empty(DType::kI32, {kRouteCounters});
+  cuda_check(cudaMemsetAsync(route_done.raw(), 0, kRouteCounters * sizeof(int32_t), compute_stream()));
   x_fp8 = empty(DType::kF8E4M3, {tokens, H});
   x_sorted = empty(DType::kF8E4M3, {rows, H});
   x_scale = empty(DType::kF32, {tokens});

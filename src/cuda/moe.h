@@ -53,7 +53,7 @@ struct MoeWorkspace {
   Tensor active_experts;  // I32 (E + 1)
   Tensor sorted_tokens;   // I32 (T·K): the token of each row
   Tensor row_pos;         // I32 (T·K): the row of pair t·K + k
-  Tensor route_done;      // I32 (1): zero between launches (moe_route.h: GroupArgs::blocks_done)
+  Tensor route_done;      // I32 (kRouteCounters): zero between launches (moe_route.h: GroupArgs::blocks_done)
   Tensor x_fp8;           // F8_E4M3 (T, H), token order
   Tensor x_sorted;        // F8_E4M3 (T·K, H): x_fp8's rows in routed (sorted) order, for gate_up
   Tensor x_scale;         // F32 (T)

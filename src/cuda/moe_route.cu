@@ -1,5 +1,5 @@
-// Router logits, softmax top-k, and grouping by expert: three kernels, or one cluster launch for
-// few tokens (decode).
+// Router logits, softmax top-k, and grouping by expert: one launch for up to 1024 tokens (blocks
+// that count themselves done, or a cluster for a few (token, expert) pairs), else three kernels.
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
 
@@ -58,21 +58,81 @@ __device__ inline void prefetch_router_rows(const RouteArgs& p) {
     ptx::prefetch_l2_bulk(row_units(p.router, e, p.hidden), static_cast<uint32_t>(p.hidden * 2));
 }
 
-// Grid (T, E / 8): each warp computes one expert's logit for one token, reading 16 bytes (8 bf16) a
-// lane per step with several loads in flight, so that one token alone still spreads over the GPU.
-__global__ void router_logits_kernel(const __grid_constant__ RouteArgs p) {
-  const int64_t t = blockIdx.x;
-  const int64_t e = static_cast<int64_t>(blockIdx.y) * kLogitWarps + threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  if (t == 0 && threadIdx.x < kLogitWarps && blockIdx.y * kLogitWarps + threadIdx.x < p.experts)
-    ptx::prefetch_l2_bulk(row_units(p.router, blockIdx.y * kLogitWarps + threadIdx.x, p.hidden),
-                          static_cast<uint32_t>(p.hidden * 2));
+// The logits of kTok tokens from t0 and kExp experts e0, e0 + kLogitWarps, ... (one warp): each
+// (token, expert) pair summed exactly as lane_partial and butterfly_sum do (the same lane partials, in
+// the same order, with the same roundings), so that every kernel's logits agree bit for bit. One pass
+// over the units serves every pair: each router row is read once for kTok tokens and each x row once
+// for kExp experts (a warp an expert read both once a pair: at DeepSeek-V3's 256 tokens about 940 MB
+// from L2). Pairs past T or E are computed from clamped rows and not stored.
+template <int kTok, int kExp>
+__device__ inline void tile_logits(const RouteArgs& p, int64_t t0, int64_t e0, int lane) {
+  const int64_t units = p.hidden / 8;
+  const uint4* x[kTok];
+  const uint4* w[kExp];
+#pragma unroll
+  for (int i = 0; i < kTok; ++i) x[i] = row_units(p.x, min(t0 + i, p.tokens - 1), p.hidden);
+#pragma unroll
+  for (int j = 0; j < kExp; ++j) w[j] = row_units(p.router, min(e0 + j * kLogitWarps, p.experts - 1), p.hidden);
+  float sum[kTok][kExp] = {};
+#pragma unroll(kTok * kExp == 1 ? 8 : kTok * kExp > 4 ? 1 : 4)
+  for (int64_t u = lane; u < units; u += 32) {
+    uint4 xv[kTok], wv[kExp];
+#pragma unroll
+    for (int i = 0; i < kTok; ++i) xv[i] = x[i][u];
+#pragma unroll
+    for (int j = 0; j < kExp; ++j) wv[j] = w[j][u];
+#pragma unroll
+    for (int i = 0; i < kTok; ++i)
+#pragma unroll
+      for (int j = 0; j < kExp; ++j) {
+        const auto* xh = reinterpret_cast<const __nv_bfloat162*>(&xv[i]);
+        const auto* wh = reinterpret_cast<const __nv_bfloat162*>(&wv[j]);
+#pragma unroll
+        for (int h = 0; h < 4; ++h) {
+          const float2 a = __bfloat1622float2(xh[h]), b = __bfloat1622float2(wh[h]);
+          sum[i][j] = __fadd_rn(sum[i][j], __fmaf_rn(a.y, b.y, __fmul_rn(a.x, b.x)));
+        }
+      }
+  }
+#pragma unroll
+  for (int i = 0; i < kTok; ++i)
+#pragma unroll
+    for (int j = 0; j < kExp; ++j) {
+      const float total = butterfly_sum(sum[i][j]);
+      const int64_t t = t0 + i, e = e0 + j * kLogitWarps;
+      if (lane == 0 && t < p.tokens && e < p.experts) p.logits[t * p.experts + e] = total;
+    }
+}
+
+// The experts a block's logits cover: kLogitWarps warps of kExp each.
+template <int kExp>
+constexpr int64_t kBlockExperts = int64_t{kLogitWarps} * kExp;
+
+// Before the grid dependency wait, the first block of each expert column asks L2 for its router rows.
+template <int kExp>
+__device__ inline void prefetch_block_router_rows(const RouteArgs& p) {
+  const int64_t e = blockIdx.y * kBlockExperts<kExp> + threadIdx.x;
+  if (blockIdx.x == 0 && threadIdx.x < kBlockExperts<kExp> && e < p.experts)
+    ptx::prefetch_l2_bulk(row_units(p.router, e, p.hidden), static_cast<uint32_t>(p.hidden * 2));
+}
+
+// Grid (⌈T / kTok⌉, ⌈E / (8·kExp)⌉): block (i, j) the logits of tokens i·kTok.. and experts j·8·kExp..
+template <int kTok, int kExp>
+__global__ void __launch_bounds__(kLogitWarps * 32) router_logits_kernel(const __grid_constant__ RouteArgs p) {
+  prefetch_block_router_rows<kExp>(p);
   ptx::grid_dependency_wait();
   ptx::launch_dependents();
-  if (e >= p.experts) return;
-  const float sum =
-      butterfly_sum(lane_partial(row_units(p.x, t, p.hidden), row_units(p.router, e, p.hidden), p.hidden / 8, lane));
-  if (lane == 0) p.logits[t * p.experts + e] = sum;
+  const int warp = static_cast<int>(threadIdx.x / 32);
+  tile_logits<kTok, kExp>(p, int64_t{blockIdx.x} * kTok, blockIdx.y * kBlockExperts<kExp> + warp,
+                          static_cast<int>(threadIdx.x % 32));
+}
+
+// Logit tiles by size: kTok 8 from 16 tokens, kExp 4 from 32 experts (a tile's pairs share its loads).
+struct LogitTile {
+  int tokens, experts;
+};
+LogitTile logit_tile(int64_t tokens, int64_t experts) {
+  return {tokens >= 16 ? 8 : 1, experts >= 32 ? 4 : 1};
 }
 
 // One warp, token t: optional soft-cap, softmax over E, then K rounds of a warp-wide argmax.
@@ -83,7 +143,7 @@ __device__ void topk_token(const RouteArgs& p, int64_t t, int lane) {
 #pragma unroll
   for (int i = 0; i < kPerLane; ++i) {
     const int64_t e = i * 32 + lane;
-    prob[i] = e < p.experts ? p.logits[t * p.experts + e] : -FLT_MAX;
+    prob[i] = e < p.experts ? __ldcg(p.logits + t * p.experts + e) : -FLT_MAX;  // through L2: other blocks' logits
     if (p.softcap > 0.0f && e < p.experts) prob[i] = p.softcap * tanhf(prob[i] / p.softcap);
     max_logit = fmaxf(max_logit, prob[i]);
   }
@@ -143,26 +203,43 @@ constexpr int kGroupThreads = 1024;
 // chunks of a thread each: a pair's row is its expert's cursor, plus the same expert's pairs in the
 // warps before (warp_counts), plus those in its own warp's lanes before (a match).
 // counts, cursor: kMaxExperts ints of shared memory each; warp_counts: (warps, kMaxExperts) bytes.
-__device__ void group_pairs(const GroupArgs& p, int* counts, int* cursor, uint8_t* warp_counts) {
+__device__ void group_pairs(const GroupArgs& p, int* counts, int* cursor, uint8_t* warp_counts, int* scan) {
   const int64_t pairs = p.tokens * p.top_k;
   const int warp = static_cast<int>(threadIdx.x / 32), warps = static_cast<int>(blockDim.x / 32);
-  const unsigned lanes_before = (1u << (threadIdx.x % 32)) - 1u;
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  const unsigned lanes_before = (1u << lane) - 1u;
   for (int e = threadIdx.x; e < p.experts; e += blockDim.x) counts[e] = 0;
   for (int j = threadIdx.x; j < warps * kMaxExperts; j += blockDim.x) warp_counts[j] = 0;
   __syncthreads();
   // The ids are read through L2 (__ldcg): route_topk_group_kernel's last block reads other blocks' ids.
   for (int64_t i = threadIdx.x; i < pairs; i += blockDim.x) atomicAdd(&counts[__ldcg(p.topk_ids + i)], 1);
   __syncthreads();
+  // Offsets and the active list: thread i takes `per` consecutive experts; a block-wide exclusive scan
+  // of their rows and active counts (warp shuffles, then the warps' totals in `scan`).
+  const int per = static_cast<int>((p.experts + blockDim.x - 1) / blockDim.x), first = threadIdx.x * per;
+  int rows = 0, active = 0;
+  for (int e = first; e < min(first + per, static_cast<int>(p.experts)); ++e) rows += counts[e], active += counts[e] > 0;
+  int rows_in = rows, active_in = active;  // inclusive within the warp
+  for (int o = 1; o < 32; o *= 2) {
+    const int r = __shfl_up_sync(0xFFFFFFFFu, rows_in, o), a = __shfl_up_sync(0xFFFFFFFFu, active_in, o);
+    if (lane >= o) rows_in += r, active_in += a;
+  }
+  if (lane == 31) scan[warp] = rows_in, scan[32 + warp] = active_in;
+  __syncthreads();
+  int offset = rows_in - rows, slot = active_in - active, total_rows = 0, total_active = 0;
+  for (int w = 0; w < warps; ++w) {
+    if (w < warp) offset += scan[w], slot += scan[32 + w];
+    total_rows += scan[w], total_active += scan[32 + w];
+  }
+  for (int e = first; e < min(first + per, static_cast<int>(p.experts)); ++e) {
+    p.expert_offsets[e] = offset;
+    cursor[e] = offset;
+    if (counts[e] > 0) p.active_experts[slot++] = e;
+    offset += counts[e];
+  }
   if (threadIdx.x == 0) {
-    int offset = 0, active = 0;
-    for (int e = 0; e < p.experts; ++e) {
-      p.expert_offsets[e] = offset;
-      cursor[e] = offset;
-      if (counts[e] > 0) p.active_experts[active++] = e;
-      offset += counts[e];
-    }
-    p.expert_offsets[p.experts] = offset;
-    p.active_experts[p.experts] = active;
+    p.expert_offsets[p.experts] = total_rows;
+    p.active_experts[p.experts] = total_active;
   }
   __syncthreads();
   for (int64_t base = 0; base < pairs; base += blockDim.x) {
@@ -191,9 +268,10 @@ __global__ void __launch_bounds__(kGroupThreads) group_kernel(const __grid_const
   __shared__ int counts[kMaxExperts];
   __shared__ int cursor[kMaxExperts];
   __shared__ uint8_t warp_counts[kGroupThreads / 32 * kMaxExperts];
+  __shared__ int scan[64];
   ptx::grid_dependency_wait();
   ptx::launch_dependents();
-  group_pairs(p, counts, cursor, warp_counts);
+  group_pairs(p, counts, cursor, warp_counts, scan);
 }
 
 // Routing and grouping of a few tokens in one launch, on one cluster of kRouteCluster blocks. The
@@ -219,6 +297,7 @@ __global__ void __launch_bounds__(kRouteThreads) route_group_kernel(const __grid
   __shared__ int counts[kMaxExperts];
   __shared__ int cursor[kMaxExperts];
   __shared__ uint8_t warp_counts[kRouteThreads / 32 * kMaxExperts];
+  __shared__ int scan[64];
   const RouteArgs& p = a.route;
   prefetch_router_rows(p);
   ptx::grid_dependency_wait();
@@ -245,53 +324,89 @@ __global__ void __launch_bounds__(kRouteThreads) route_group_kernel(const __grid
   if (q != 0) return;
   for (int64_t t = warp; t < p.tokens; t += warps) topk_token(p, t, lane);
   __syncthreads();  // the top-k ids written (global memory, read back by this block)
-  group_pairs(a.group, counts, cursor, warp_counts);
+  group_pairs(a.group, counts, cursor, warp_counts, scan);
 }
 
-// Routing and grouping of up to kLogitWarps experts (Mixtral, Grok-1: 8) in one launch: block t takes
-// token t's logits (a warp an expert, as router_logits_kernel) and its top-k (warp 0, as topk_kernel);
-// the last block to finish, found by the blocks_done counter (which it resets for the next launch),
-// groups every pair (as group_kernel). Measured on an H200 (bench/RESULTS.md), the three kernels took
-// 5.6 + 4.4 + 2.8 µs for Mixtral's 32 tokens.
+// Routing and grouping in one launch for up to kMaxCountedTokens tokens: grid (⌈T / kTok⌉, ⌈E / (8·kExp)⌉),
+// block (i, j) the logits of token tile i and expert column j (tile_logits) and the FP8 rows of
+// the tile's tokens j, j + columns, ... (when asked); the last column of a tile to finish (counter
+// blocks_done[1 + i]) takes its tokens' top-k (warp w token i·kTok + w, as topk_kernel); the last tile
+// to finish (counter blocks_done[0]) groups every pair (as group_kernel). Each resets its counter for
+// the next launch. Mixtral and Grok-1 (8 experts) take one block a token and one column. Measured on an
+// H200 (bench/RESULTS.md), the three kernels took 5.6 + 4.4 + 2.8 µs for Mixtral's 32 tokens; at
+// DeepSeek-V3's one token (256 experts) 5.4 + 8.4 + 17.3 µs exposed in the layer (twenty-fifth session).
 constexpr int64_t kMaxCountedTokens = 1024;
 
+template <int kTok, int kExp>
 __global__ void __launch_bounds__(kLogitWarps * 32) route_topk_group_kernel(const __grid_constant__ RouteGroupArgs a) {
   __shared__ int counts[kMaxExperts];
   __shared__ int cursor[kMaxExperts];
   __shared__ uint8_t warp_counts[kLogitWarps * kMaxExperts];
+  __shared__ int scan[64];
   __shared__ bool last;
   __shared__ float warp_amax[kLogitWarps];
   const RouteArgs& p = a.route;
-  prefetch_router_rows(p);
+  prefetch_block_router_rows<kExp>(p);
   ptx::grid_dependency_wait();
   ptx::launch_dependents();
-  const int64_t t = blockIdx.x;
+  const int64_t t0 = int64_t{blockIdx.x} * kTok;
   const int warp = static_cast<int>(threadIdx.x / 32), lane = static_cast<int>(threadIdx.x % 32);
-  if (warp < p.experts) {
-    const float sum =
-        butterfly_sum(lane_partial(row_units(p.x, t, p.hidden), row_units(p.router, warp, p.hidden), p.hidden / 8, lane));
-    if (lane == 0) p.logits[t * p.experts + warp] = sum;
-  }
+  tile_logits<kTok, kExp>(p, t0, blockIdx.y * kBlockExperts<kExp> + warp, lane);
   const QuantizeRowsArgs& q = a.quantize;
-  if (q.codes != nullptr)  // the whole block: token t's row (in L1 from the logits) to FP8
+  for (int64_t i = blockIdx.y; q.codes != nullptr && i < kTok && t0 + i < p.tokens; i += gridDim.y) {
+    const int64_t t = t0 + i;  // the whole block: token t's row to FP8
     quantize_bf16_row_fp8(q.x, t, q.cols, q.codes + t * q.cols, q.scale + t,
                           q.sums != nullptr ? q.sums + t * (q.cols / kRowBlock) : nullptr, warp_amax);
-  __syncthreads();  // the token's logits written (global memory, read back by warp 0)
-  if (warp == 0) topk_token(p, t, lane);
-  if (gridDim.x > 1) {  // the last block to finish groups (a lone block is the last)
-    __threadfence();      // this block's top-k visible to the grid before it counts itself done
+    __syncthreads();  // warp_amax read by every thread before the next row's
+  }
+  uint32_t* done = a.group.blocks_done;
+  if (gridDim.y > 1) {  // the tile's last column to finish takes its top-k
+    __threadfence();    // this block's logits visible to the grid before it counts itself done
     __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(a.group.blocks_done, 1u) == gridDim.x - 1;
+    if (threadIdx.x == 0) last = atomicAdd(done + 1 + blockIdx.x, 1u) == gridDim.y - 1;
     __syncthreads();
     if (!last) return;
     __threadfence();
-    if (threadIdx.x == 0) *a.group.blocks_done = 0;
+    if (threadIdx.x == 0) done[1 + blockIdx.x] = 0;
+  }
+  __syncthreads();  // the tile's logits written (global memory, read back through L2)
+  if (warp < kTok && t0 + warp < p.tokens) topk_token(p, t0 + warp, lane);
+  if (gridDim.x > 1) {  // the last tile to finish groups (a lone tile is the last)
+    __threadfence();      // this block's top-k visible to the grid before it counts itself done
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(done, 1u) == gridDim.x - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    if (threadIdx.x == 0) *done = 0;
   }
   __syncthreads();  // the top-k ids written (global memory, read back by this block)
-  group_pairs(a.group, counts, cursor, warp_counts);
+  group_pairs(a.group, counts, cursor, warp_counts, scan);
 }
 
-// Few tokens of at most kLogitWarps experts can take either one-launch kernel; NIBBLE_ROUTE=cluster or
+// The instantiations for a tile (kTok 1 or 8, kExp 1 or 4).
+auto* logits_kernel_for(LogitTile tile) {
+  if (tile.tokens == 8) return tile.experts == 4 ? router_logits_kernel<8, 4> : router_logits_kernel<8, 1>;
+  return tile.experts == 4 ? router_logits_kernel<1, 4> : router_logits_kernel<1, 1>;
+}
+auto* counted_kernel_for(LogitTile tile) {
+  if (tile.tokens == 8) return tile.experts == 4 ? route_topk_group_kernel<8, 4> : route_topk_group_kernel<8, 1>;
+  return tile.experts == 4 ? route_topk_group_kernel<1, 4> : route_topk_group_kernel<1, 1>;
+}
+
+// The tile's grid over T tokens and E experts.
+dim3 tile_grid(LogitTile tile, int64_t tokens, int64_t experts) {
+  return {static_cast<unsigned>((tokens + tile.tokens - 1) / tile.tokens),
+          static_cast<unsigned>((experts + kLogitWarps * tile.experts - 1) / (kLogitWarps * tile.experts))};
+}
+
+// The counted kernel's tile: one block a token and one column for up to 8 experts (each block also
+// quantizes its token); for more, the logits' tile.
+LogitTile counted_tile(int64_t tokens, int64_t experts) {
+  return experts <= kLogitWarps ? LogitTile{1, 1} : logit_tile(tokens, experts);
+}
+
+// Few (token, expert) pairs (at most 32) can take either one-launch kernel; NIBBLE_ROUTE=cluster or
 // counted picks one for every size it takes; by default the counted kernel. Measured on an H200
 // (bench/RESULTS.md, 2026-11-30, RouteAndGroup.Timing, graph-replayed µs a call, cluster / counted):
 // Mixtral 1 token 7.99 / 6.65, 4 tokens 8.01 / 7.68, 16 and 32 tokens equal; Grok-1 1 token 8.79 / 7.38.
@@ -318,8 +433,7 @@ bool route_and_group(const RouteArgs& route, const GroupArgs& group, cudaStream_
   check(route.tokens == group.tokens && route.experts == group.experts && route.top_k == group.top_k &&
             route.topk_ids == group.topk_ids,
         "route_and_group: the routing and grouping arguments disagree");
-  const bool counted = group.blocks_done != nullptr && route.experts <= kLogitWarps &&
-                       route.tokens <= kMaxCountedTokens;
+  const bool counted = group.blocks_done != nullptr && route.tokens <= kMaxCountedTokens;
   const bool fits_cluster = route.tokens * route.experts <= kMaxFusedPairs;
   const RouteKernel setting = route_kernel_setting();
   const bool takes_counted = route.tokens > 0 && counted && (!fits_cluster || setting != RouteKernel::kCluster);
@@ -345,7 +459,10 @@ bool route_and_group(const RouteArgs& route, const GroupArgs& group, cudaStream_
         route.top_k);
   check(route.hidden % 8 == 0, "route_and_group: hidden size ", route.hidden, " is not a multiple of 8");
   if (takes_counted) {
-    launch_kernel(route_topk_group_kernel, static_cast<unsigned>(route.tokens), kLogitWarps * 32, 0, stream,
+    const LogitTile tile = counted_tile(route.tokens, route.experts);
+    const dim3 grid = tile_grid(tile, route.tokens, route.experts);
+    check(grid.y == 1 || grid.x <= kRouteTileCounters, "route_and_group: ", grid.x, " token tiles");
+    launch_kernel(counted_kernel_for(tile), grid, kLogitWarps * 32, 0, stream,
                   RouteGroupArgs{.route = route, .group = group,
                                  .quantize = quantize != nullptr ? *quantize : QuantizeRowsArgs{}});
     return quantize != nullptr;
@@ -360,8 +477,8 @@ void route_topk(const RouteArgs& p, cudaStream_t stream) {
   check(p.top_k >= 1 && p.top_k <= kMaxTopK && p.top_k <= p.experts, "route_topk: top_k ", p.top_k);
   if (p.tokens == 0) return;
   check(p.hidden % 8 == 0, "route_topk: hidden size ", p.hidden, " is not a multiple of 8");
-  const dim3 grid(static_cast<unsigned>(p.tokens), static_cast<unsigned>((p.experts + kLogitWarps - 1) / kLogitWarps));
-  launch_kernel(router_logits_kernel, grid, kLogitWarps * 32, 0, stream, p);
+  const LogitTile tile = logit_tile(p.tokens, p.experts);
+  launch_kernel(logits_kernel_for(tile), tile_grid(tile, p.tokens, p.experts), kLogitWarps * 32, 0, stream, p);
   cuda_check(cudaGetLastError());
   constexpr int kWarpsPerBlock = 4;
   launch_kernel(topk_kernel, static_cast<unsigned>((p.tokens + kWarpsPerBlock - 1) / kWarpsPerBlock),

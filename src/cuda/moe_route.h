@@ -14,6 +14,9 @@ namespace nibble::cuda {
 
 inline constexpr int kMaxExperts = 512;
 inline constexpr int kMaxTopK = 16;
+// The one-launch routing's counters (GroupArgs::blocks_done): one for the grid, one a tile of tokens.
+inline constexpr int64_t kRouteTileCounters = 128;
+inline constexpr int64_t kRouteCounters = 1 + kRouteTileCounters;
 
 struct RouteArgs {
   const void* x;          // BF16 (T, H)
@@ -40,8 +43,9 @@ struct GroupArgs {
   int64_t tokens;
   int64_t experts;
   int64_t top_k;
-  // (1) zero between launches, or nullptr: lets route_and_group route and group up to 8 experts in one
-  // launch (the last block to finish groups, and resets it).
+  // (kRouteCounters) zero between launches, or nullptr: lets route_and_group route and group up to 1024
+  // tokens in one launch (blocks count themselves done; the last ones take the top-k and group, and
+  // reset the counters).
   uint32_t* blocks_done = nullptr;
 };
 
@@ -49,10 +53,9 @@ void group_by_expert(const GroupArgs& args, cudaStream_t stream);
 
 // route_topk then group_by_expert (group.topk_ids = route.topk_ids), with the same logits, top-k,
 // weights and rows bit for bit in one launch for few tokens (tokens × experts <= 32) and, given
-// group.blocks_done, for up to 8 experts and 1024 tokens. Given `quantize` (x's rows, dynamic scales,
-// no gather, copies or tensor parallelism), quantize_rows_fp8(*quantize) too: inside that launch for
-// up to 8 experts and 1024 tokens (one launch fewer a layer; NIBBLE_MOE_QUANTIZE=kernel keeps it
-// apart), else after it. Returns whether the quantization was inside: then the routing is the last
+// group.blocks_done, for up to 1024 tokens. Given `quantize` (x's rows, dynamic scales, no gather,
+// copies or tensor parallelism), quantize_rows_fp8(*quantize) too: inside that launch for up to 1024
+// tokens (one launch fewer a layer; NIBBLE_MOE_QUANTIZE=kernel keeps it apart), else after it. Returns whether the quantization was inside: then the routing is the last
 // launch before the caller's next, not two back.
 bool route_and_group(const RouteArgs& route, const GroupArgs& group, cudaStream_t stream,
                      const QuantizeRowsArgs* quantize = nullptr);

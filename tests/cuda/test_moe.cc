@@ -489,14 +489,16 @@ TEST(MoeLayerBf16, MatchesCpuTwin) {
   EXPECT_LE(rounding, 1e-4);
 }
 
-// route_and_group (one cluster launch for few tokens; one block a token, the last one grouping, for up
-// to 8 experts and 1024 tokens; else three kernels) against route_topk +
+// route_and_group (one launch for up to 1024 tokens: a cluster for few pairs, else blocks counting
+// themselves done, the last of a token tile taking its top-k and the last tile grouping; else three
+// kernels) against route_topk +
 // group_by_expert (the same logits, ids and weights bit for bit) and against the routing defined on
 // the host in double (soft-cap, softmax, top-k with ties to the lower id, optional renormalization);
 // the grouping checked against its definition (each expert's rows contiguous in id order, every pair
 // exactly once). Against the host, tokens whose k-th and (k+1)-th probabilities are within 1e-5 may
 // pick either. Cluster launch: 4 tokens of 8 experts (the largest), 2 of 16 with a soft-cap, 1 of 8;
-// block a token: 5, 32, 200 (soft-cap) and 1024 tokens of 8 experts.
+// block a token: 5, 32, 200 (soft-cap) and 1024 tokens of 8 experts; tiles: 13, 40, 256 and 700 tokens
+// of 24 to 256 experts; three kernels (their logit tiles): 2000 tokens of 64 experts.
 TEST(RouteAndGroup, MatchesHostRouting) {
   SKIP_WITHOUT_GPU();
   struct Case {
@@ -507,12 +509,13 @@ TEST(RouteAndGroup, MatchesHostRouting) {
   for (const Case c : {Case{8, 4096, 1, 2}, Case{8, 4096, 4, 2}, Case{8, 4096, 5, 2}, Case{8, 4096, 32, 2},
                        Case{256, 7168, 1, 8}, Case{16, 1040, 2, 2, RouterNorm::kNone, 2.0f},
                        Case{64, 1040, 13, 2, RouterNorm::kNone, 2.0f}, Case{256, 1040, 700, 8},
+                       Case{256, 7168, 256, 8}, Case{64, 1040, 2000, 2}, Case{24, 1040, 40, 2},
                        Case{8, 1040, 200, 2, RouterNorm::kNone, 30.0f}, Case{8, 1040, 1024, 2}}) {
     const int64_t E = c.E, H = c.H, T = c.T, K = c.K;
     const Tensor x = to_bf16(random_f32({T, H}, 31)), router = to_bf16(random_f32({E, H}, 32, 0.05f));
     const Tensor xf = to_f32(x), rf = to_f32(router);
     const Tensor d_x = cuda::upload(x), d_router = cuda::upload(router);
-    Tensor done = cuda::upload(Tensor::zeros(DType::kI32, {1}));  // the one-launch path's counter
+    Tensor done = cuda::upload(Tensor::zeros(DType::kI32, {cuda::kRouteCounters}));  // the one-launch path's counter
     auto route = [&](bool fused) {
       struct Out {
         Tensor logits, ids, weights, offsets, active, sorted, pos;
@@ -649,8 +652,8 @@ TEST(QuantizeRows, MatchesCpuTwin) {
       }
 }
 
-// route_and_group given x's quantization: inside the routing launch (one block a token, up to 8
-// experts) or after it (16 experts), the codes, scales and 64-block sums of quantize_rows_fp8 and the
+// route_and_group given x's quantization: inside the routing launch (up to 1024 tokens: one block a
+// token for 8 experts, tiles of tokens and experts for more) or after it (1100 tokens), the codes, scales and 64-block sums of quantize_rows_fp8 and the
 // routing of route_and_group alone, bit for bit; row lengths of 1, 2, 3 and several units a thread.
 TEST(RouteAndGroup, QuantizesLikeQuantizeRows) {
   SKIP_WITHOUT_GPU();
@@ -659,11 +662,12 @@ TEST(RouteAndGroup, QuantizesLikeQuantizeRows) {
     bool inside;
   };
   for (const Case c : {Case{8, 4096, 1, true}, Case{8, 4096, 32, true}, Case{8, 6144, 5, true},
-                       Case{8, 1088, 3, true}, Case{8, 14336, 2, true}, Case{16, 1024, 4, false}}) {
+                       Case{8, 1088, 3, true}, Case{8, 14336, 2, true}, Case{16, 1024, 4, true},
+                       Case{256, 7168, 1, true}, Case{256, 7168, 20, true}, Case{64, 1088, 1100, false}}) {
     const int64_t E = c.E, H = c.H, T = c.T, K = 2;
     const Tensor x = cuda::upload(to_bf16(random_f32({T, H}, 33, 3.0f)));
     const Tensor router = cuda::upload(to_bf16(random_f32({E, H}, 34, 0.05f)));
-    Tensor done = cuda::upload(Tensor::zeros(DType::kI32, {1}));
+    Tensor done = cuda::upload(Tensor::zeros(DType::kI32, {cuda::kRouteCounters}));
     struct Out {
       Tensor ids, pos, codes, scale, sums;
     };
@@ -728,10 +732,11 @@ TEST(RouteAndGroup, Timing) {
   };
   for (const Case c : {Case{"Mixtral", 8, 4096, 1, 2}, Case{"Mixtral", 8, 4096, 4, 2},
                        Case{"Mixtral", 8, 4096, 16, 2}, Case{"Mixtral", 8, 4096, 32, 2},
-                       Case{"Grok-1", 8, 6144, 1, 2}, Case{"DeepSeek-V3", 256, 7168, 1, 8}}) {
+                       Case{"Grok-1", 8, 6144, 1, 2}, Case{"DeepSeek-V3", 256, 7168, 1, 8},
+                       Case{"DeepSeek-V3", 256, 7168, 8, 8}, Case{"DeepSeek-V3", 256, 7168, 256, 8}}) {
     const Tensor d_x = cuda::upload(to_bf16(random_f32({c.T, c.H}, 31)));
     const Tensor d_router = cuda::upload(to_bf16(random_f32({c.E, c.H}, 32, 0.05f)));
-    Tensor done = cuda::upload(Tensor::zeros(DType::kI32, {1}));
+    Tensor done = cuda::upload(Tensor::zeros(DType::kI32, {cuda::kRouteCounters}));
     Tensor logits = cuda::empty(DType::kF32, {c.T, c.E}), ids = cuda::empty(DType::kI32, {c.T, c.K});
     Tensor weights = cuda::empty(DType::kF32, {c.T, c.K}), offsets = cuda::empty(DType::kI32, {c.E + 1});
     Tensor active = cuda::empty(DType::kI32, {c.E + 1}), sorted = cuda::empty(DType::kI32, {c.T * c.K});
