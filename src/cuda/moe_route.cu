@@ -127,12 +127,14 @@ __global__ void __launch_bounds__(kLogitWarps * 32) router_logits_kernel(const _
                           static_cast<int>(threadIdx.x % 32));
 }
 
-// Logit tiles by size: kTok 8 from 16 tokens, kExp 4 from 32 experts (a tile's pairs share its loads).
+// Logit tiles by size: from 16 tokens, 8 tokens and (from 32 experts) 4 experts a warp, so that a
+// tile's pairs share its loads; fewer tokens one pair a warp, spread over the most blocks (DeepSeek-V3's
+// one token: 32 blocks; with 4 experts a warp its routing took 20.7 µs a call, twenty-fifth session).
 struct LogitTile {
   int tokens, experts;
 };
 LogitTile logit_tile(int64_t tokens, int64_t experts) {
-  return {tokens >= 16 ? 8 : 1, experts >= 32 ? 4 : 1};
+  return tokens >= 16 ? LogitTile{8, experts >= 32 ? 4 : 1} : LogitTile{1, 1};
 }
 
 // One warp, token t: optional soft-cap, softmax over E, then K rounds of a warp-wide argmax.
@@ -203,7 +205,7 @@ constexpr int kGroupThreads = 1024;
 // chunks of a thread each: a pair's row is its expert's cursor, plus the same expert's pairs in the
 // warps before (warp_counts), plus those in its own warp's lanes before (a match).
 // counts, cursor: kMaxExperts ints of shared memory each; warp_counts: (warps, kMaxExperts) bytes.
-__device__ void group_pairs(const GroupArgs& p, int* counts, int* cursor, uint8_t* warp_counts, int* scan) {
+__device__ void group_pairs(const GroupArgs& p, int* counts, int* cursor, uint8_t* warp_counts) {
   const int64_t pairs = p.tokens * p.top_k;
   const int warp = static_cast<int>(threadIdx.x / 32), warps = static_cast<int>(blockDim.x / 32);
   const int lane = static_cast<int>(threadIdx.x % 32);
@@ -214,32 +216,28 @@ __device__ void group_pairs(const GroupArgs& p, int* counts, int* cursor, uint8_
   // The ids are read through L2 (__ldcg): route_topk_group_kernel's last block reads other blocks' ids.
   for (int64_t i = threadIdx.x; i < pairs; i += blockDim.x) atomicAdd(&counts[__ldcg(p.topk_ids + i)], 1);
   __syncthreads();
-  // Offsets and the active list: thread i takes `per` consecutive experts; a block-wide exclusive scan
-  // of their rows and active counts (warp shuffles, then the warps' totals in `scan`).
-  const int per = static_cast<int>((p.experts + blockDim.x - 1) / blockDim.x), first = threadIdx.x * per;
-  int rows = 0, active = 0;
-  for (int e = first; e < min(first + per, static_cast<int>(p.experts)); ++e) rows += counts[e], active += counts[e] > 0;
-  int rows_in = rows, active_in = active;  // inclusive within the warp
-  for (int o = 1; o < 32; o *= 2) {
-    const int r = __shfl_up_sync(0xFFFFFFFFu, rows_in, o), a = __shfl_up_sync(0xFFFFFFFFu, active_in, o);
-    if (lane >= o) rows_in += r, active_in += a;
-  }
-  if (lane == 31) scan[warp] = rows_in, scan[32 + warp] = active_in;
-  __syncthreads();
-  int offset = rows_in - rows, slot = active_in - active, total_rows = 0, total_active = 0;
-  for (int w = 0; w < warps; ++w) {
-    if (w < warp) offset += scan[w], slot += scan[32 + w];
-    total_rows += scan[w], total_active += scan[32 + w];
-  }
-  for (int e = first; e < min(first + per, static_cast<int>(p.experts)); ++e) {
-    p.expert_offsets[e] = offset;
-    cursor[e] = offset;
-    if (counts[e] > 0) p.active_experts[slot++] = e;
-    offset += counts[e];
-  }
-  if (threadIdx.x == 0) {
-    p.expert_offsets[p.experts] = total_rows;
-    p.active_experts[p.experts] = total_active;
+  // Offsets and the active list, by warp 0: lane l takes `per` consecutive experts, then an exclusive
+  // scan of the lanes' rows and active counts.
+  if (warp == 0) {
+    const int E = static_cast<int>(p.experts), per = (E + 31) / 32, first = lane * per, end = min(first + per, E);
+    int rows = 0, active = 0;
+    for (int e = first; e < end; ++e) rows += counts[e], active += counts[e] > 0;
+    int offset = rows, slot = active;  // inclusive, then exclusive
+    for (int o = 1; o < 32; o *= 2) {
+      const int r = __shfl_up_sync(0xFFFFFFFFu, offset, o), a = __shfl_up_sync(0xFFFFFFFFu, slot, o);
+      if (lane >= o) offset += r, slot += a;
+    }
+    if (lane == 31) {
+      p.expert_offsets[E] = offset;
+      p.active_experts[E] = slot;
+    }
+    offset -= rows, slot -= active;
+    for (int e = first; e < end; ++e) {
+      p.expert_offsets[e] = offset;
+      cursor[e] = offset;
+      if (counts[e] > 0) p.active_experts[slot++] = e;
+      offset += counts[e];
+    }
   }
   __syncthreads();
   for (int64_t base = 0; base < pairs; base += blockDim.x) {
@@ -268,10 +266,9 @@ __global__ void __launch_bounds__(kGroupThreads) group_kernel(const __grid_const
   __shared__ int counts[kMaxExperts];
   __shared__ int cursor[kMaxExperts];
   __shared__ uint8_t warp_counts[kGroupThreads / 32 * kMaxExperts];
-  __shared__ int scan[64];
   ptx::grid_dependency_wait();
   ptx::launch_dependents();
-  group_pairs(p, counts, cursor, warp_counts, scan);
+  group_pairs(p, counts, cursor, warp_counts);
 }
 
 // Routing and grouping of a few tokens in one launch, on one cluster of kRouteCluster blocks. The
@@ -297,7 +294,6 @@ __global__ void __launch_bounds__(kRouteThreads) route_group_kernel(const __grid
   __shared__ int counts[kMaxExperts];
   __shared__ int cursor[kMaxExperts];
   __shared__ uint8_t warp_counts[kRouteThreads / 32 * kMaxExperts];
-  __shared__ int scan[64];
   const RouteArgs& p = a.route;
   prefetch_router_rows(p);
   ptx::grid_dependency_wait();
@@ -324,7 +320,7 @@ __global__ void __launch_bounds__(kRouteThreads) route_group_kernel(const __grid
   if (q != 0) return;
   for (int64_t t = warp; t < p.tokens; t += warps) topk_token(p, t, lane);
   __syncthreads();  // the top-k ids written (global memory, read back by this block)
-  group_pairs(a.group, counts, cursor, warp_counts, scan);
+  group_pairs(a.group, counts, cursor, warp_counts);
 }
 
 // Routing and grouping in one launch for up to kMaxCountedTokens tokens: grid (⌈T / kTok⌉, ⌈E / (8·kExp)⌉),
@@ -342,7 +338,6 @@ __global__ void __launch_bounds__(kLogitWarps * 32) route_topk_group_kernel(cons
   __shared__ int counts[kMaxExperts];
   __shared__ int cursor[kMaxExperts];
   __shared__ uint8_t warp_counts[kLogitWarps * kMaxExperts];
-  __shared__ int scan[64];
   __shared__ bool last;
   __shared__ float warp_amax[kLogitWarps];
   const RouteArgs& p = a.route;
@@ -381,7 +376,7 @@ __global__ void __launch_bounds__(kLogitWarps * 32) route_topk_group_kernel(cons
     if (threadIdx.x == 0) *done = 0;
   }
   __syncthreads();  // the top-k ids written (global memory, read back by this block)
-  group_pairs(a.group, counts, cursor, warp_counts, scan);
+  group_pairs(a.group, counts, cursor, warp_counts);
 }
 
 // The instantiations for a tile (kTok 1 or 8, kExp 1 or 4).
