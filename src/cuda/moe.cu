@@ -13,6 +13,7 @@
 #include "cuda/moe_prefill.h"
 #include "cuda/moe_quantize.h"
 #include "cuda/moe_route.h"
+#include "model/communicator.h"
 
 namespace nibble::cuda {
 namespace {
@@ -25,6 +26,30 @@ int64_t max_split_rows(int64_t n, int64_t k, int64_t experts, int64_t top_k, int
     most = std::max(most, choose_k_splits(n, k, std::min(experts, rows), rows, sms) * rows);
   }
   return most;
+}
+
+// Rows (E, 2I, ...) of gate_up, gate [0, I) then up [I, 2I), interleaved by kGluRows (moe_gemm_w4a8.h): a
+// device copy.
+Tensor interleave_gate_up(const Tensor& t) {
+  const int64_t E = t.dim(0), rows = t.dim(1), I = rows / 2;
+  check(rows % (2 * kGluRows) == 0, "interleave_gate_up: ", rows, " rows");
+  const auto row_bytes = static_cast<std::size_t>(t.nbytes() / (E * rows));
+  Tensor out = empty(t.dtype(), t.shape());
+  const auto* src = static_cast<const uint8_t*>(t.raw());
+  auto* dst = static_cast<uint8_t*>(out.raw());
+  const std::size_t piece = kGluRows * row_bytes;  // 8 rows
+  for (int64_t e = 0; e < E; ++e)
+    for (int64_t half = 0; half < 2; ++half)  // gate pieces to tiles' first halves, up to their second
+      cuda_check(cudaMemcpy2DAsync(dst + (e * rows) * row_bytes + half * piece, 2 * piece,
+                                   src + (e * rows + half * I) * row_bytes, piece, piece,
+                                   static_cast<std::size_t>(I / kGluRows), cudaMemcpyDeviceToDevice, compute_stream()));
+  return out;
+}
+
+// NIBBLE_MOE_FUSED_GLU=0 keeps the activation in its own kernel (MoeWorkspace::fuse_activation).
+bool fused_glu_setting() {
+  static const bool on = env_choice("NIBBLE_MOE_FUSED_GLU", {"0", "1"}) != "0";
+  return on;
 }
 
 bool capturing(cudaStream_t stream) {
@@ -70,15 +95,16 @@ MoeWeightsW4A8 upload_moe_w4a8(const MoeWeights& host) {
           .num_experts = E,
           .hidden_size = H,
           .intermediate_size = I,
-          .gate_up = repack(ex.gate_up),
-          .gate_up_scale = upload(ex.gate_up_scale),
+          .gate_up = repack(interleave_gate_up(upload(ex.gate_up))),
+          .gate_up_scale = interleave_gate_up(upload(ex.gate_up_scale)),
           .down = repack(ex.down),
           .down_scale = upload(ex.down_scale),
           .router = upload(host.router)};
 }
 
 MoeWorkspace::MoeWorkspace(const MoeWeightsW4A8& w, int64_t tokens, int64_t k, PrefillOptions options)
-    : max_tokens(tokens), top_k(k), num_sms(multiprocessor_count()), prefill_options(options) {
+    : max_tokens(tokens), top_k(k), num_sms(multiprocessor_count()), fuse_activation(fused_glu_setting()),
+      prefill_options(options) {
   const int64_t E = w.num_experts, H = w.hidden_size, I = w.intermediate_size, rows = tokens * k;
   check(tokens >= 1 && k >= 1 && k <= E, "MoeWorkspace: bad sizes");
   router_logits = empty(DType::kF32, {tokens, E});
@@ -108,6 +134,11 @@ MoeWorkspace::MoeWorkspace(const MoeWeightsW4A8& w, int64_t tokens, int64_t k, P
 
 MoeWorkspace::~MoeWorkspace() = default;
 
+bool moe_w4a8_fuses_activation(const MoeWeightsW4A8& w, const MoeWorkspace& ws, int64_t tokens, int64_t top_k) {
+  const int64_t rows = tokens * top_k;
+  return ws.fuse_activation && moe_gemm_w4a8_reads_sorted(w.format, rows, std::min(w.num_experts, rows));
+}
+
 void moe_w4a8(const Tensor& x, const MoeWeightsW4A8& w, const MoeParams& params, MoeWorkspace& ws, Tensor& out,
               cudaStream_t stream, MoePath path) {
   const int64_t T = x.dim(0), H = w.hidden_size, I = w.intermediate_size, E = w.num_experts, K = params.top_k;
@@ -119,6 +150,9 @@ void moe_w4a8(const Tensor& x, const MoeWeightsW4A8& w, const MoeParams& params,
         ws.max_tokens, " tokens, top-k ", ws.top_k);
   if (T == 0) return;
   const int64_t rows = T * K, slots = std::min(E, rows);
+  // The activation in gate_up's epilogue (one K split), its amax per row zeroed by the grouping.
+  const bool fuse = moe_w4a8_fuses_activation(w, ws, T, K);
+  const int64_t gate_up_splits = fuse ? 1 : choose_k_splits(2 * I, H, slots, rows, ws.num_sms);
   const RouteArgs route{.x = x.raw(), .router = w.router.raw(), .logits = ws.router_logits.data<float>(),
                         .topk_ids = ws.topk_ids.data<int32_t>(), .topk_weights = ws.topk_weights.data<float>(),
                         .tokens = T, .hidden = H, .experts = E, .top_k = K, .norm = params.router_norm,
@@ -127,7 +161,8 @@ void moe_w4a8(const Tensor& x, const MoeWeightsW4A8& w, const MoeParams& params,
                         .active_experts = ws.active_experts.data<int32_t>(),
                         .sorted_tokens = ws.sorted_tokens.data<int32_t>(), .row_pos = ws.row_pos.data<int32_t>(),
                         .tokens = T, .experts = E, .top_k = K,
-                        .blocks_done = reinterpret_cast<uint32_t*>(ws.route_done.data<int32_t>())};
+                        .blocks_done = reinterpret_cast<uint32_t*>(ws.route_done.data<int32_t>()),
+                        .zero_rows = fuse ? ws.act_amax.data<float>() : nullptr};
   if (takes_prefill_path(path, T, K, E, stream)) {
     route_and_group(route, group, stream);
     if (!ws.prefill) ws.prefill = std::make_unique<MoePrefillWorkspace>(E, H, I, ws.max_tokens, K, ws.prefill_options);
@@ -147,7 +182,6 @@ void moe_w4a8(const Tensor& x, const MoeWeightsW4A8& w, const MoeParams& params,
   } else {
     routed_last = route_and_group(route, group, stream, &quantize);
   }
-  const int64_t gate_up_splits = choose_k_splits(2 * I, H, slots, rows, ws.num_sms);
   moe_gemm_w4a8({.weight_format = w.format, .weights = w.gate_up.raw(), .weight_scale = w.gate_up_scale.data<float>(),
                  .act = ws.x_fp8.data<uint8_t>(), .act_scale = ws.x_scale.data<float>(),
                  .act_sums = ws.x_sums.data<float>(), .act_row = ws.sorted_tokens.data<int32_t>(),
@@ -155,13 +189,26 @@ void moe_w4a8(const Tensor& x, const MoeWeightsW4A8& w, const MoeParams& params,
                  .expert_offsets = ws.expert_offsets.data<int32_t>(),
                  .active_experts = ws.active_experts.data<int32_t>(), .out = ws.gate_up_out.data<float>(),
                  .max_rows = rows, .num_experts = E, .n = 2 * I, .k = H, .expert_slots = slots,
-                 .splits = gate_up_splits, .routing_settled = !routed_last},
+                 .splits = gate_up_splits, .glu = fuse, .glu_activation = params.activation,
+                 .glu_amax = fuse ? ws.act_amax.data<float>() : nullptr, .routing_settled = !routed_last},
                 stream);
-  activation_quantize_fp8({.gate_up = ws.gate_up_out.data<float>(), .splits = gate_up_splits, .max_rows = rows,
-                           .codes = ws.act_fp8.data<uint8_t>(), .scale = ws.act_scale.data<float>(),
-                           .sums = ws.act_sums.data<float>(), .rows = rows, .intermediate = I,
-                           .activation = params.activation},
-                          params.communicator, ws.act_amax, stream);
+  if (fuse) {
+    // gate_up_out holds act(gate) · up (rows, I) and act_amax each row's amax (of this rank's slice).
+    if (params.communicator != nullptr && !tp_local_amax()) {
+      Tensor rows_amax = ws.act_amax.slice(0, rows);
+      params.communicator->all_reduce_max(rows_amax);
+    }
+    quantize_activated_rows_fp8({.h = ws.gate_up_out.data<float>(), .amax = ws.act_amax.data<float>(),
+                                 .codes = ws.act_fp8.data<uint8_t>(), .scale = ws.act_scale.data<float>(),
+                                 .sums = ws.act_sums.data<float>(), .rows = rows, .intermediate = I},
+                                stream);
+  } else {
+    activation_quantize_fp8({.gate_up = ws.gate_up_out.data<float>(), .interleaved = true, .splits = gate_up_splits,
+                             .max_rows = rows, .codes = ws.act_fp8.data<uint8_t>(), .scale = ws.act_scale.data<float>(),
+                             .sums = ws.act_sums.data<float>(), .rows = rows, .intermediate = I,
+                             .activation = params.activation},
+                            params.communicator, ws.act_amax, stream);
+  }
   const int64_t down_splits = choose_k_splits(H, I, slots, rows, ws.num_sms);
   moe_gemm_w4a8({.weight_format = w.format, .weights = w.down.raw(), .weight_scale = w.down_scale.data<float>(),
                  .act = ws.act_fp8.data<uint8_t>(), .act_scale = ws.act_scale.data<float>(),

@@ -1,6 +1,7 @@
 // The W4A8 MoE layer on the GPU: route (softmax top-k) -> group tokens by expert -> FP8 per-token
 // activations -> grouped INT4×FP8 gate_up GEMM -> SiLU·mul + FP8 quant -> grouped down GEMM ->
-// weighted combine back to token order. One call runs the whole layer on one stream, with no host
+// weighted combine back to token order (the activation inside gate_up's epilogue where it runs in one
+// K split, followed by the FP8 quantization of its output). One call runs the whole layer on one stream, with no host
 // synchronization and no allocation (a CUDA graph can capture it). With many tokens per expert and
 // outside a capture, the prefill path (moe_prefill.h) runs instead: dequantized experts and
 // cuBLASLt FP8 GEMMs, with one host synchronization a call.
@@ -25,8 +26,10 @@ struct MoeWeightsW4A8 {
   int64_t num_experts = 0;
   int64_t hidden_size = 0;        // H
   int64_t intermediate_size = 0;  // I
-  Tensor gate_up;        // U8 (E, 2I·H/2) repacked INT4 or (E, 2I·H) repacked FP8; rows [0, I) gate, [I, 2I) up
-  Tensor gate_up_scale;  // F32 (E, 2I) in the repacked row order
+  // U8 (E, 2I·H/2) repacked INT4 or (E, 2I·H) repacked FP8, gate and up rows interleaved by kGluRows
+  // (moe_gemm_w4a8.h), so that gate_up's epilogue can apply the activation
+  Tensor gate_up;
+  Tensor gate_up_scale;  // F32 (E, 2I) in the same row order
   Tensor down;           // U8 (E, H·I/2) repacked INT4 or (E, H·I) repacked FP8
   Tensor down_scale;     // F32 (E, H)
   Tensor router;         // BF16 (E, H)
@@ -46,6 +49,10 @@ struct MoeWorkspace {
   int64_t max_tokens = 0;
   int64_t top_k = 0;
   int num_sms = 0;
+  // The decode path's activation inside gate_up's epilogue (one K split, wgmma tiles), followed by its
+  // FP8 quantization; false: gate_up's sums (over its K splits) then the activation kernels. Starts as
+  // NIBBLE_MOE_FUSED_GLU (1 unless 0).
+  bool fuse_activation = true;
   Tensor router_logits;   // F32 (T, E)
   Tensor topk_ids;        // I32 (T, K)
   Tensor topk_weights;    // F32 (T, K)
@@ -61,7 +68,7 @@ struct MoeWorkspace {
   Tensor gate_up_out;     // F32 (splits · T·K · 2I)
   Tensor act_fp8;         // F8_E4M3 (T·K, I)
   Tensor act_scale;       // F32 (T·K)
-  Tensor act_amax;        // F32 (T·K): rows' amax over ranks under tensor parallelism
+  Tensor act_amax;        // F32 (T·K): rows' amax (the fused activation's; over ranks under tensor parallelism)
   Tensor act_sums;        // F32 (T·K, I / 64)
   Tensor down_out;        // F32 (splits · T·K · H)
   // The prefill path's buffers: made with the workspace when max_tokens reaches the prefill threshold
@@ -73,6 +80,9 @@ struct MoeWorkspace {
 // Which implementation moe_w4a8 runs. kAuto: the prefill path when moe_prefill_preferred(T, K, E)
 // and the stream is not being captured, else the decode path. Tests force one or the other.
 enum class MoePath : uint8_t { kAuto, kDecode, kPrefill };
+
+// Whether moe_w4a8's decode path for `tokens` fuses the activation into gate_up's epilogue.
+bool moe_w4a8_fuses_activation(const MoeWeightsW4A8& w, const MoeWorkspace& ws, int64_t tokens, int64_t top_k);
 
 // out (T, H) = MoE(x (T, H) BF16): BF16, or F32 (a tensor-parallel rank's partial sum, summed over
 // the ranks before it is rounded). T <= workspace.max_tokens().

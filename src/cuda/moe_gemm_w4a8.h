@@ -18,10 +18,17 @@
 #include <cstdint>
 
 #include "core/tensor.h"
+#include "model/ops.h"
 
 namespace nibble::cuda {
 
 inline constexpr int kGemmKBlock = 64;  // K granularity of the layout and of the activation sums
+
+// The MoE layer's gate_up rows, as uploaded (moe.h): gate and up interleaved by kGluRows, so that each
+// 16-row tile holds 8 gate rows and the 8 up rows of the same channels, and a thread's accumulators
+// hold both halves of its channel's activation (GemmW4A8Args::glu). Intermediate channel i is row
+// 2·kGluRows·(i / kGluRows) + i % kGluRows (gate) and that + kGluRows (up).
+inline constexpr int64_t kGluRows = 8;
 
 // The expert weights' element type. FP8 weights use the same tiling with 32 bytes a lane per K block
 // (both K steps' A fragments as stored, no offset correction); their activation sums are not read.
@@ -81,6 +88,13 @@ struct GemmW4A8Args {
                                 // NIBBLE_MOE_CONSUMER_GROUPS setting, else by shape (as choose_k_splits)
   GemmMath math = GemmMath::kDefault;  // INT4 weights, tiles of up to 16 rows; otherwise wgmma
   int max_tile_rows = 0;        // 64 or 128 (INT4 only); 0: NIBBLE_MOE_MAX_TILE_ROWS, else 128
+  // The activation fused into the epilogue (a gate_up projection in kGluRows-interleaved rows; wgmma
+  // tiles, one split): `out` receives (max_rows, N/2) act(gate) · up (F32, the values the activation
+  // kernels compute from the unfused output, bit for bit), and each row's amax of them is max-ed into
+  // glu_amax (max_rows, zero before the call) for the FP8 quantization that follows.
+  bool glu = false;
+  Activation glu_activation = Activation::kSilu;
+  float* glu_amax = nullptr;
   // The routing (expert_offsets, active_experts) was written two or more launches back in the stream
   // (launch.h), so the producer may start the first stages' weight copies before the kernel before
   // it has finished (the activations and their scales are read only after).

@@ -281,6 +281,7 @@ void moe_prefill(const Tensor& x, const MoeWeightsW4A8& w, const MoeParams& para
     });
     const int64_t in_window = chunk.begin - chunk.window_begin;  // chunk's first row in the window
     activation_quantize_fp8({.gate_up = f32_gate_up ? pf.gate_up.data<float>() : nullptr,
+                             .interleaved = true,  // the uploaded rows' order (moe.h)
                              .splits = 1,
                              .max_rows = rows,
                              .codes = pf.act_fp8.data<uint8_t>(),

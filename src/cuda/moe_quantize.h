@@ -43,6 +43,9 @@ enum class ActivationKernel : uint8_t { kAuto, kCluster, kRows };
 
 struct ActivationArgs {
   const float* gate_up;  // (splits, max_rows, 2I): partial sums over K splits, added here
+  // The columns of each row (and of channel_scale): gate and up interleaved by kGluRows
+  // (moe_gemm_w4a8.h), as the MoE layer's weights are uploaded; false: gate [0, I), up [I, 2I).
+  bool interleaved = false;
   int64_t splits;
   int64_t max_rows;
   uint8_t* codes;        // FP8 (rows, I)
@@ -78,6 +81,20 @@ void activation_quantize_fp8(const ActivationArgs& args, cudaStream_t stream);
 // at least `rows`.
 void activation_quantize_fp8(const ActivationArgs& args, Communicator* communicator, Tensor& amax,
                              cudaStream_t stream);
+
+// The gate_up GEMM's fused activation (moe_gemm_w4a8.h: GemmW4A8Args::glu) to FP8: row r of h with
+// scale max(amax[r], 1e-12) / 448, its codes and per-64 sums; from the same values the codes, scales
+// and sums of activation_quantize_fp8, bit for bit. Many blocks a row (8 columns a thread).
+struct ActivatedRowsArgs {
+  const float* h;      // (rows, I)
+  const float* amax;   // (rows): each row's amax (over every rank's slice under tensor parallelism)
+  uint8_t* codes;      // FP8 (rows, I)
+  float* scale;        // (rows)
+  float* sums;         // (rows, I / 64)
+  int64_t rows;
+  int64_t intermediate;  // I, a multiple of 64
+};
+void quantize_activated_rows_fp8(const ActivatedRowsArgs& args, cudaStream_t stream);
 
 // Under tensor parallelism, whether each rank quantizes its slice of a row (the o_proj and down_proj
 // inputs) with the slice's own amax, as vLLM and SGLang do, rather than with the row's over all ranks

@@ -449,6 +449,63 @@ TEST(MoeLayerFp8, MatchesCpuTwin) {
   }
 }
 
+// The decode path with the activation in gate_up's epilogue (MoeWorkspace::fuse_activation) against
+// the same path with gate_up's sums and the activation kernels, F32 output poisoned before each run:
+// equal bit for bit (the same activation values, amaxes, codes and sums, so the same down projection),
+// for tiles of 8 to 128 rows, INT4 and FP8 experts, SiLU, GELU and tanh GELU, 8 and 64 experts; and
+// the fused calls do fuse (moe_w4a8_fuses_activation). Together with MoeLayer.MatchesCpuTwin (fused
+// by default), this pins the fused epilogue to the kernels the CPU twin checks.
+TEST(MoeLayerFused, EqualsTheActivationKernels) {
+  SKIP_WITHOUT_GPU();
+  struct Case {
+    int64_t E, H, I, T, K;
+    Activation act;
+    bool fp8;
+  };
+  for (const Case c : {Case{8, 1024, 1408, 1, 2, Activation::kSilu, false},
+                       Case{8, 2880, 512, 5, 2, Activation::kGelu, false},
+                       Case{8, 1024, 512, 64, 2, Activation::kGeluTanh, false},
+                       Case{8, 1024, 1408, 300, 2, Activation::kSilu, false},
+                       Case{64, 512, 256, 200, 8, Activation::kSilu, false},
+                       Case{8, 1024, 1408, 37, 2, Activation::kGelu, true}}) {
+    const int64_t E = c.E, H = c.H, I = c.I, T = c.T;
+    MoeWeights host{.router = to_bf16(random_f32({E, H}, 9, 0.05f))};
+    if (c.fp8) {
+      auto random_fp8 = [](Shape shape, uint32_t seed) {
+        Fp8Weight q = quantize_fp8_per_tensor(random_f32(shape, seed, 0.05f).reshape({-1, shape.back()}));
+        Tensor scale = Tensor::zeros(DType::kF32, {shape[0], shape[1]});
+        std::fill_n(scale.data<float>(), scale.numel(), q.scale);
+        return std::pair{q.weight.reshape(shape), scale};
+      };
+      const auto [gate_up, gate_up_scale] = random_fp8({E, 2 * I, H}, 510);
+      const auto [down, down_scale] = random_fp8({E, H, I}, 610);
+      host.experts = {.format = WeightFormat::kFp8, .num_experts = E, .hidden_size = H, .intermediate_size = I,
+                      .gate_up = gate_up, .gate_up_scale = gate_up_scale, .down = down, .down_scale = down_scale};
+    } else {
+      const HostInt4 gate_up = random_int4(E, 2 * I, H, 320), down = random_int4(E, H, I, 420);
+      host.experts = {.format = WeightFormat::kInt4, .num_experts = E, .hidden_size = H, .intermediate_size = I,
+                      .gate_up = gate_up.packed, .gate_up_scale = gate_up.scale, .down = down.packed,
+                      .down_scale = down.scale};
+    }
+    const MoeParams params{.top_k = c.K, .activation = c.act};
+    const cuda::MoeWeightsW4A8 w = cuda::upload_moe_w4a8(host);
+    cuda::MoeWorkspace ws(w, T, c.K);
+    const Tensor x = cuda::upload(to_bf16(random_f32({T, H}, 12)));
+    auto run = [&](bool fuse) {
+      ws.fuse_activation = fuse;
+      EXPECT_EQ(cuda::moe_w4a8_fuses_activation(w, ws, T, c.K), fuse) << "T " << T;
+      Tensor out = poisoned(DType::kF32, {T, H});
+      cuda::moe_w4a8(x, w, params, ws, out, nullptr, cuda::MoePath::kDecode);
+      return cuda::download(out);
+    };
+    const Tensor fused = run(true), apart = run(false), again = run(true);
+    EXPECT_EQ(std::memcmp(fused.raw(), apart.raw(), fused.nbytes()), 0)
+        << "E " << E << " H " << H << " I " << I << " T " << T << (c.fp8 ? " FP8" : " INT4");
+    EXPECT_EQ(std::memcmp(fused.raw(), again.raw(), fused.nbytes()), 0) << "T " << T << ": the amaxes were not reset";
+    EXPECT_GT(rel_l2(fused.data<float>(), std::vector<float>(T * H, 0.0f).data(), T * H), 0.5);  // not all zeros
+  }
+}
+
 // BF16 experts (`--quantization none`, cuBLAS) with a BF16 output and an F32 one (a tensor-parallel
 // rank's partial sum), each poisoned first, against CpuOps::moe. The GPU rounds the activation
 // between the GEMMs to BF16 (the CPU keeps F32): about 1e-3 apart.
@@ -805,12 +862,27 @@ TEST(ActivationQuantize, MatchesHostDefinition) {
         values[r * I + i] = c.prefill && expert[r] < 0 ? 0.0f : host_activate(c.act, g) * u;
         amax[r] = std::max(amax[r], std::fabs(values[r * I + i]));
       }
+    // The same columns interleaved by 8 (ActivationArgs::interleaved): gate i at 16·(i / 8) + i % 8, up 8 on.
+    auto interleave = [&](const Tensor& t) {
+      Tensor out = Tensor::zeros(DType::kF32, t.shape());
+      const int64_t n = t.numel() / (2 * I);
+      for (int64_t r = 0; r < n; ++r)
+        for (int64_t i = 0; i < I; ++i)
+          for (int64_t half = 0; half < 2; ++half)
+            out.data<float>()[r * 2 * I + 16 * (i / 8) + i % 8 + 8 * half] = t.data<float>()[r * 2 * I + half * I + i];
+      return out;
+    };
     const Tensor d_gate_up = cuda::upload(gate_up), d_gate_up_bf16 = cuda::upload(to_bf16(gate_up)),
                  d_row_scale = cuda::upload(row_scale),
                  d_channel = cuda::upload(channel), d_expert = cuda::upload(i32_tensor(expert));
+    const Tensor i_gate_up = interleave(gate_up);
+    const Tensor d_i_gate_up = cuda::upload(i_gate_up), d_i_gate_up_bf16 = cuda::upload(to_bf16(i_gate_up)),
+                 d_i_channel = cuda::upload(interleave(channel));
     // Both kernels against the host definition; the row kernel's outputs are the cluster's, bit for bit.
-    // With one K split, each kernel's one-split variant too, on F32 and on BF16 (one_split 2 here).
+    // With one K split, each kernel's one-split variant too, on F32 and on BF16 (one_split 2 here); each
+    // also on the interleaved columns, the same outputs bit for bit.
     std::vector<Tensor> cluster_outputs;
+    for (const bool interleaved : {false, true})
     for (const auto& [kernel, one_split] : std::vector<std::pair<cuda::ActivationKernel, int>>{
              {cuda::ActivationKernel::kCluster, 0}, {cuda::ActivationKernel::kRows, 0},
              {cuda::ActivationKernel::kCluster, 1}, {cuda::ActivationKernel::kRows, 1},
@@ -818,18 +890,19 @@ TEST(ActivationQuantize, MatchesHostDefinition) {
       if (one_split == 2 && c.splits != 1) continue;
       Tensor codes = poisoned(DType::kU8, {R, I}), scale = poisoned(DType::kF32, {R}),
              sums = poisoned(DType::kF32, {R, I / 64}), amax_out = poisoned(DType::kF32, {R});
-      cuda::ActivationArgs args{.gate_up = d_gate_up.data<float>(), .splits = c.splits, .max_rows = c.max_rows,
+      cuda::ActivationArgs args{.gate_up = (interleaved ? d_i_gate_up : d_gate_up).data<float>(),
+                                .interleaved = interleaved, .splits = c.splits, .max_rows = c.max_rows,
                                 .codes = codes.data<uint8_t>(), .scale = scale.data<float>(),
                                 .sums = sums.data<float>(), .rows = R, .intermediate = I, .activation = c.act,
                                 .kernel = kernel,
                                 .one_split = std::min(one_split, 1)};
       if (one_split == 2) {
         args.gate_up = nullptr;
-        args.gate_up_bf16 = d_gate_up_bf16.raw();
+        args.gate_up_bf16 = (interleaved ? d_i_gate_up_bf16 : d_gate_up_bf16).raw();
       }
       if (c.prefill) {
         args.row_scale = d_row_scale.data<float>();
-        args.channel_scale = d_channel.data<float>();
+        args.channel_scale = (interleaved ? d_i_channel : d_channel).data<float>();
         args.row_expert = d_expert.data<int32_t>();
       }
       cuda::activation_quantize_fp8(args, nullptr);
@@ -864,11 +937,12 @@ TEST(ActivationQuantize, MatchesHostDefinition) {
       std::cout << "activation I=" << I << " rows=" << R << " splits=" << c.splits << (c.prefill ? " prefill" : "")
                 << (kernel == cuda::ActivationKernel::kRows ? ", row kernel" : ", cluster kernel")
                 << (one_split == 2 ? " (one split, BF16 product)" : one_split == 1 && c.splits == 1 ? " (one split)" : "")
+                << (interleaved ? ", interleaved" : "")
                 << ": " << flips
                 << " of " << R * I << " codes one step off\n";
       EXPECT_LE(flips, R * I / 1000 + 1);
       const std::vector<Tensor> outputs{got_codes, got_scale, got_sums, got_amax};
-      if (kernel == cuda::ActivationKernel::kCluster && one_split == 0) {
+      if (kernel == cuda::ActivationKernel::kCluster && one_split == 0 && !interleaved) {
         cluster_outputs = outputs;
       } else {
         for (std::size_t k = 0; k < outputs.size(); ++k)
