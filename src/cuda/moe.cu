@@ -87,7 +87,8 @@ MoeWeightsW4A8 upload_moe_w4a8(const MoeWeights& host) {
   check(ex.format == WeightFormat::kInt4 || ex.format == WeightFormat::kFp8, "upload_moe_w4a8: experts are ",
         weight_format_name(ex.format), ", not INT4 or FP8");
   const bool fp8 = ex.format == WeightFormat::kFp8;
-  auto repack = [&](const Tensor& t) { return fp8 ? repack_fp8_for_gemm_gpu(upload(t)) : repack_int4_for_gemm_gpu(upload(t)); };
+  // Repacks a device tensor of codes into the GEMM's layout.
+  auto repack = [&](const Tensor& t) { return fp8 ? repack_fp8_for_gemm_gpu(t) : repack_int4_for_gemm_gpu(t); };
   const int64_t E = ex.num_experts, H = ex.hidden_size, I = ex.intermediate_size;
   check(H % 64 == 0 && I % 64 == 0, "the W4A8 MoE kernels need hidden (", H, ") and expert intermediate (", I,
         ") sizes that are multiples of 64");
@@ -97,7 +98,7 @@ MoeWeightsW4A8 upload_moe_w4a8(const MoeWeights& host) {
           .intermediate_size = I,
           .gate_up = repack(interleave_gate_up(upload(ex.gate_up))),
           .gate_up_scale = interleave_gate_up(upload(ex.gate_up_scale)),
-          .down = repack(ex.down),
+          .down = repack(upload(ex.down)),
           .down_scale = upload(ex.down_scale),
           .router = upload(host.router)};
 }
