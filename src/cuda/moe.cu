@@ -137,7 +137,7 @@ MoeWorkspace::~MoeWorkspace() = default;
 
 bool moe_w4a8_fuses_activation(const MoeWeightsW4A8& w, const MoeWorkspace& ws, int64_t tokens, int64_t top_k) {
   const int64_t rows = tokens * top_k;
-  return ws.fuse_activation && moe_gemm_w4a8_reads_sorted(w.format, rows, std::min(w.num_experts, rows));
+  return ws.fuse_activation && moe_gemm_w4a8_fuses_glu(w.format, rows, std::min(w.num_experts, rows));
 }
 
 void moe_w4a8(const Tensor& x, const MoeWeightsW4A8& w, const MoeParams& params, MoeWorkspace& ws, Tensor& out,
@@ -151,9 +151,11 @@ void moe_w4a8(const Tensor& x, const MoeWeightsW4A8& w, const MoeParams& params,
         ws.max_tokens, " tokens, top-k ", ws.top_k);
   if (T == 0) return;
   const int64_t rows = T * K, slots = std::min(E, rows);
-  // The activation in gate_up's epilogue (one K split), its amax per row zeroed by the grouping.
+  // The activation in gate_up's epilogue (one K split) where the GEMM takes it.
   const bool fuse = moe_w4a8_fuses_activation(w, ws, T, K);
-  const int64_t gate_up_splits = fuse ? 1 : choose_k_splits(2 * I, H, slots, rows, ws.num_sms);
+  const int64_t gate_up_splits = fuse                   ? 1
+                                 : ws.gate_up_splits > 0 ? ws.gate_up_splits
+                                                         : choose_k_splits(2 * I, H, slots, rows, ws.num_sms);
   const RouteArgs route{.x = x.raw(), .router = w.router.raw(), .logits = ws.router_logits.data<float>(),
                         .topk_ids = ws.topk_ids.data<int32_t>(), .topk_weights = ws.topk_weights.data<float>(),
                         .tokens = T, .hidden = H, .experts = E, .top_k = K, .norm = params.router_norm,
@@ -162,8 +164,7 @@ void moe_w4a8(const Tensor& x, const MoeWeightsW4A8& w, const MoeParams& params,
                         .active_experts = ws.active_experts.data<int32_t>(),
                         .sorted_tokens = ws.sorted_tokens.data<int32_t>(), .row_pos = ws.row_pos.data<int32_t>(),
                         .tokens = T, .experts = E, .top_k = K,
-                        .blocks_done = reinterpret_cast<uint32_t*>(ws.route_done.data<int32_t>()),
-                        .zero_rows = fuse ? ws.act_amax.data<float>() : nullptr};
+                        .blocks_done = reinterpret_cast<uint32_t*>(ws.route_done.data<int32_t>())};
   if (takes_prefill_path(path, T, K, E, stream)) {
     route_and_group(route, group, stream);
     if (!ws.prefill) ws.prefill = std::make_unique<MoePrefillWorkspace>(E, H, I, ws.max_tokens, K, ws.prefill_options);
@@ -191,25 +192,14 @@ void moe_w4a8(const Tensor& x, const MoeWeightsW4A8& w, const MoeParams& params,
                  .active_experts = ws.active_experts.data<int32_t>(), .out = ws.gate_up_out.data<float>(),
                  .max_rows = rows, .num_experts = E, .n = 2 * I, .k = H, .expert_slots = slots,
                  .splits = gate_up_splits, .glu = fuse, .glu_activation = params.activation,
-                 .glu_amax = fuse ? ws.act_amax.data<float>() : nullptr, .routing_settled = !routed_last},
+                 .routing_settled = !routed_last},
                 stream);
-  if (fuse) {
-    // gate_up_out holds act(gate) · up (rows, I) and act_amax each row's amax (of this rank's slice).
-    if (params.communicator != nullptr && !tp_local_amax()) {
-      Tensor rows_amax = ws.act_amax.slice(0, rows);
-      params.communicator->all_reduce_max(rows_amax);
-    }
-    quantize_activated_rows_fp8({.h = ws.gate_up_out.data<float>(), .amax = ws.act_amax.data<float>(),
-                                 .codes = ws.act_fp8.data<uint8_t>(), .scale = ws.act_scale.data<float>(),
-                                 .sums = ws.act_sums.data<float>(), .rows = rows, .intermediate = I},
-                                stream);
-  } else {
-    activation_quantize_fp8({.gate_up = ws.gate_up_out.data<float>(), .interleaved = true, .splits = gate_up_splits,
-                             .max_rows = rows, .codes = ws.act_fp8.data<uint8_t>(), .scale = ws.act_scale.data<float>(),
-                             .sums = ws.act_sums.data<float>(), .rows = rows, .intermediate = I,
-                             .activation = params.activation},
-                            params.communicator, ws.act_amax, stream);
-  }
+  // Fused, gate_up_out holds act(gate) · up (rows, I), which the activation kernels only quantize.
+  activation_quantize_fp8({.gate_up = ws.gate_up_out.data<float>(), .interleaved = !fuse, .splits = gate_up_splits,
+                           .max_rows = rows, .codes = ws.act_fp8.data<uint8_t>(), .scale = ws.act_scale.data<float>(),
+                           .sums = ws.act_sums.data<float>(), .rows = rows, .intermediate = I,
+                           .activation = params.activation, .activated = fuse},
+                          params.communicator, ws.act_amax, stream);
   const int64_t down_splits = choose_k_splits(H, I, slots, rows, ws.num_sms);
   moe_gemm_w4a8({.weight_format = w.format, .weights = w.down.raw(), .weight_scale = w.down_scale.data<float>(),
                  .act = ws.act_fp8.data<uint8_t>(), .act_scale = ws.act_scale.data<float>(),

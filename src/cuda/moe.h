@@ -49,10 +49,14 @@ struct MoeWorkspace {
   int64_t max_tokens = 0;
   int64_t top_k = 0;
   int num_sms = 0;
-  // The decode path's activation inside gate_up's epilogue (one K split, wgmma tiles), followed by its
-  // FP8 quantization; false: gate_up's sums (over its K splits) then the activation kernels. Starts as
+  // The decode path's activation inside gate_up's epilogue (one K split) where the GEMM takes it
+  // (moe_gemm_w4a8_fuses_glu: wgmma tiles of up to 16 rows), then the activation kernels' quantization
+  // of it; false: gate_up's sums (over its K splits) then the activation kernels. Starts as
   // NIBBLE_MOE_FUSED_GLU (1 unless 0).
   bool fuse_activation = true;
+  // gate_up's K splits on the decode path when not fused; 0: choose_k_splits's (a test or an experiment
+  // may fix it).
+  int64_t gate_up_splits = 0;
   Tensor router_logits;   // F32 (T, E)
   Tensor topk_ids;        // I32 (T, K)
   Tensor topk_weights;    // F32 (T, K)
@@ -68,7 +72,7 @@ struct MoeWorkspace {
   Tensor gate_up_out;     // F32 (splits · T·K · 2I)
   Tensor act_fp8;         // F8_E4M3 (T·K, I)
   Tensor act_scale;       // F32 (T·K)
-  Tensor act_amax;        // F32 (T·K): rows' amax (the fused activation's; over ranks under tensor parallelism)
+  Tensor act_amax;        // F32 (T·K): rows' amax over ranks under tensor parallelism
   Tensor act_sums;        // F32 (T·K, I / 64)
   Tensor down_out;        // F32 (splits · T·K · H)
   // The prefill path's buffers: made with the workspace when max_tokens reaches the prefill threshold

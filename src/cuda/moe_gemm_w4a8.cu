@@ -646,38 +646,29 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
         const float dot = kFp8 ? acc[j] : acc[j] * 512.0f - 8.0f * sm.token_sum[row];
         return dot * sm.token_scale[row] * wscale[channel];
       };
-      if (!kMma && p.glu) {
-        // Rows g of the tile are gate channels, g + 8 the up ones of the same channels (kGluRows): the
-        // values written as the unfused epilogue writes them, then act(0 + gate) · (0 + up) as the
-        // activation kernels compute them; each row's amax over the warp's channels (the 8 lanes of
-        // one q share their rows) max-ed into glu_amax by lanes 0-3. Every lane of every warp takes the
-        // shuffles (a warp past the channels with zeros): in a branch on the warp's tile, ptxas
-        // serialized the kernel's wgmmas (C7520).
-        const bool tile_live = tile < tiles;
-        const int64_t c16 = min(tile, tiles - 1) * 16 + g;  // in bounds for every warp
-        float* out = p.out + first_row * (p.n / 2);
+      if (!kMma && tile < tiles) {
+        if (p.glu) {
+          // Rows g of the tile are gate channels, g + 8 the up ones of the same channels (kGluRows):
+          // the values written as the unfused epilogue writes them, then act(0 + gate) · (0 + up) as
+          // the activation kernels compute them.
+          float* out = p.out + first_row * (p.n / 2);
+          const int64_t c16 = tile * 16 + g;
 #pragma unroll
-        for (int j = 0; j < kAcc; ++j) {
-          if (j & 2) continue;
-          const int row = (j / 4) * 8 + 2 * q + (j & 1);
-          const bool live = tile_live && compute.chunk * kRows + row < compute.rows;
-          const float gate = value(j, row, c16), up = value(j + 2, row, c16 + 8);
-          const float h = activate(p.glu_activation, 0.0f + gate) * (0.0f + up);
-          if (live) out[row * (p.n / 2) + tile * 8 + g] = h;
-          float m = live ? fabsf(h) : 0.0f;
+          for (int j = 0; j < kAcc; ++j) {
+            const int row = (j / 4) * 8 + 2 * q + (j & 1);
+            if ((j & 2) || compute.chunk * kRows + row >= compute.rows) continue;
+            const float gate = value(j, row, c16), up = value(j + 2, row, c16 + 8);
+            out[row * (p.n / 2) + tile * 8 + g] = activate(p.glu_activation, 0.0f + gate) * (0.0f + up);
+          }
+        } else {
+          float* out = p.out + (compute.split * p.max_rows + first_row) * p.n;
 #pragma unroll
-          for (int o = 4; o < 32; o *= 2) m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, o));
-          if (g == 0 && live)  // non-negative floats order as their bits
-            atomicMax(reinterpret_cast<int*>(p.glu_amax + first_row + row), __float_as_int(m));
-        }
-      } else if (!kMma && tile < tiles) {
-        float* out = p.out + (compute.split * p.max_rows + first_row) * p.n;
-#pragma unroll
-        for (int j = 0; j < kAcc; ++j) {
-          const int row = (j / 4) * 8 + 2 * q + (j & 1);
-          const int64_t channel = tile * 16 + g + ((j & 2) ? 8 : 0);
-          if (compute.chunk * kRows + row >= compute.rows) continue;
-          out[row * p.n + channel] = value(j, row, channel);
+          for (int j = 0; j < kAcc; ++j) {
+            const int row = (j / 4) * 8 + 2 * q + (j & 1);
+            const int64_t channel = tile * 16 + g + ((j & 2) ? 8 : 0);
+            if (compute.chunk * kRows + row >= compute.rows) continue;
+            out[row * p.n + channel] = value(j, row, channel);
+          }
         }
       }
 #pragma unroll
@@ -847,13 +838,16 @@ bool moe_gemm_w4a8_reads_sorted(ExpertWeightFormat format, int64_t rows, int64_t
   return format == ExpertWeightFormat::kFp8 || !takes_mma_sync(token_tiles_for(rows, expert_slots), GemmMath::kDefault);
 }
 
+bool moe_gemm_w4a8_fuses_glu(ExpertWeightFormat format, int64_t rows, int64_t expert_slots) {
+  return moe_gemm_w4a8_reads_sorted(format, rows, expert_slots) && token_tiles_for(rows, expert_slots) <= 2;
+}
+
 void moe_gemm_w4a8(const GemmW4A8Args& p, cudaStream_t stream) {
   check(p.n % 16 == 0 && p.k % kGemmKBlock == 0, "moe_gemm_w4a8: N ", p.n, " and K ", p.k,
         " must be multiples of 16 and 64");
-  check(!p.glu || (p.splits == 1 && p.glu_amax != nullptr &&
-                   (p.weight_format == ExpertWeightFormat::kFp8 ||
-                    !takes_mma_sync(token_tiles_for(p.max_rows, p.expert_slots, p.max_tile_rows), p.math))),
-        "moe_gemm_w4a8: the fused activation takes wgmma tiles, one K split and an amax");
+  check(!p.glu || (p.splits == 1 && (p.weight_format == ExpertWeightFormat::kFp8 ||
+                                      !takes_mma_sync(token_tiles_for(p.max_rows, p.expert_slots, p.max_tile_rows), p.math))),
+        "moe_gemm_w4a8: the fused activation takes wgmma tiles and one K split");
   const int64_t kblocks = p.k / kGemmKBlock;
   check(p.splits >= 1 && p.expert_slots >= 1 && p.splits <= kblocks &&
             (p.splits - 1) * ((kblocks + p.splits - 1) / p.splits) < kblocks,

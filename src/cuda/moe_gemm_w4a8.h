@@ -89,12 +89,11 @@ struct GemmW4A8Args {
   GemmMath math = GemmMath::kDefault;  // INT4 weights, tiles of up to 16 rows; otherwise wgmma
   int max_tile_rows = 0;        // 64 or 128 (INT4 only); 0: NIBBLE_MOE_MAX_TILE_ROWS, else 128
   // The activation fused into the epilogue (a gate_up projection in kGluRows-interleaved rows; wgmma
-  // tiles, one split): `out` receives (max_rows, N/2) act(gate) · up (F32, the values the activation
-  // kernels compute from the unfused output, bit for bit), and each row's amax of them is max-ed into
-  // glu_amax (max_rows, zero before the call) for the FP8 quantization that follows.
+  // tiles, one split, moe_gemm_w4a8_fuses_glu): `out` receives (max_rows, N/2) act(gate) · up (F32, the
+  // values the activation kernels compute from the unfused output, bit for bit), which
+  // activation_quantize_fp8 then quantizes (ActivationArgs::activated).
   bool glu = false;
   Activation glu_activation = Activation::kSilu;
-  float* glu_amax = nullptr;
   // The routing (expert_offsets, active_experts) was written two or more launches back in the stream
   // (launch.h), so the producer may start the first stages' weight copies before the kernel before
   // it has finished (the activations and their scales are read only after).
@@ -107,6 +106,15 @@ int64_t choose_k_splits(int64_t n, int64_t k, int64_t expert_slots, int64_t rows
 // Whether a call with `rows` (T·K) over `expert_slots` takes wgmma tiles, which read act_sorted (the
 // default math; an INT4 call with mma.sync tiles reads act through act_row instead).
 bool moe_gemm_w4a8_reads_sorted(ExpertWeightFormat format, int64_t rows, int64_t expert_slots);
+
+// Whether a gate_up call with `rows` (T·K) over `expert_slots` takes the fused activation
+// (GemmW4A8Args::glu, one K split) when asked: wgmma tiles of up to 16 rows, where it measured faster
+// than the activation kernel (DeepSeek-V3's one token, with a K split of 2 unfused: 97.0 against 102.5
+// µs on an H100, bench/RESULTS.md, twenty-sixth session). In tiles of 64 and 128 rows its epilogue cost
+// the tensor cores more than the activation kernel's pass (on an H200: Mixtral 256 tokens 545.1
+// against 483.2 µs, 1024 1369.1 against 1362.1, even before a row amax in the epilogue, which cost
+// 110 µs more at 1024).
+bool moe_gemm_w4a8_fuses_glu(ExpertWeightFormat format, int64_t rows, int64_t expert_slots);
 
 void moe_gemm_w4a8(const GemmW4A8Args& args, cudaStream_t stream);
 

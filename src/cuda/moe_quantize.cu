@@ -119,6 +119,8 @@ void launch_quantize_rows(const QuantizeRowsArgs& p, int threads, cudaStream_t s
 // run time): a switch an element between the loads kept ptxas from issuing more than one float4 pair
 // ahead (cuobjdump: about 400 instructions between pairs).
 constexpr int kRuntimeActivation = -1;
+// kAct for a product already activated (ActivationArgs::activated): the values are read as they are.
+constexpr int kActivated = -2;
 
 // kBf16 (one split only): the product's BF16 copy (ActivationArgs::gate_up_bf16), each value the
 // float it widens to, so that the same values in F32 give the same codes bit for bit.
@@ -126,42 +128,47 @@ template <bool kOneSplit = false, int kAct = kRuntimeActivation, bool kBf16 = fa
 __device__ inline float4 activated_float4(const ActivationArgs& p, int64_t r, int64_t c, const float4* channel,
                                           float row_scale) {
   static_assert(kOneSplit || !kBf16, "a BF16 product has one split");
+  static_assert(kAct != kActivated || (kOneSplit && !kBf16), "an activated product has one F32 split");
   const int64_t I = p.intermediate;
-  float4 gate = {0.0f, 0.0f, 0.0f, 0.0f}, up = gate;
-  // The float4 (4 columns) of gate and up for intermediate columns 4c..4c+3.
-  const int64_t gi = p.interleaved ? 4 * (c / 2) + c % 2 : c, ui = p.interleaved ? gi + 2 : I / 4 + c;
-  if constexpr (kBf16) {  // 4 BF16 a uint2, the lower half first; a BF16 is the upper half of its fp32
-    const auto* row = reinterpret_cast<const uint2*>(static_cast<const uint16_t*>(p.gate_up_bf16) + r * 2 * I);
-    const uint2 g = row[gi], u = row[ui];
-    auto widen = [](uint2 w) {
-      return float4{0.0f + __uint_as_float(w.x << 16), 0.0f + __uint_as_float(w.x & 0xFFFF0000u),
-                    0.0f + __uint_as_float(w.y << 16), 0.0f + __uint_as_float(w.y & 0xFFFF0000u)};
-    };
-    gate = widen(g);
-    up = widen(u);
-  } else if constexpr (kOneSplit) {
-    const auto* row = reinterpret_cast<const float4*>(p.gate_up + r * 2 * I);
-    const float4 g = row[gi], u = row[ui];
-    gate = {0.0f + g.x, 0.0f + g.y, 0.0f + g.z, 0.0f + g.w};
-    up = {0.0f + u.x, 0.0f + u.y, 0.0f + u.z, 0.0f + u.w};
+  if constexpr (kAct == kActivated) {
+    return reinterpret_cast<const float4*>(p.gate_up + r * I)[c];
   } else {
-#pragma unroll 4
-    for (int64_t s = 0; s < p.splits; ++s) {
-      const auto* row = reinterpret_cast<const float4*>(p.gate_up + (s * p.max_rows + r) * 2 * I);
+    float4 gate = {0.0f, 0.0f, 0.0f, 0.0f}, up = gate;
+    // The float4 (4 columns) of gate and up for intermediate columns 4c..4c+3.
+    const int64_t gi = p.interleaved ? 4 * (c / 2) + c % 2 : c, ui = p.interleaved ? gi + 2 : I / 4 + c;
+    if constexpr (kBf16) {  // 4 BF16 a uint2, the lower half first; a BF16 is the upper half of its fp32
+      const auto* row = reinterpret_cast<const uint2*>(static_cast<const uint16_t*>(p.gate_up_bf16) + r * 2 * I);
+      const uint2 g = row[gi], u = row[ui];
+      auto widen = [](uint2 w) {
+        return float4{0.0f + __uint_as_float(w.x << 16), 0.0f + __uint_as_float(w.x & 0xFFFF0000u),
+                      0.0f + __uint_as_float(w.y << 16), 0.0f + __uint_as_float(w.y & 0xFFFF0000u)};
+      };
+      gate = widen(g);
+      up = widen(u);
+    } else if constexpr (kOneSplit) {
+      const auto* row = reinterpret_cast<const float4*>(p.gate_up + r * 2 * I);
       const float4 g = row[gi], u = row[ui];
-      gate = {gate.x + g.x, gate.y + g.y, gate.z + g.z, gate.w + g.w};
-      up = {up.x + u.x, up.y + u.y, up.z + u.z, up.w + u.w};
+      gate = {0.0f + g.x, 0.0f + g.y, 0.0f + g.z, 0.0f + g.w};
+      up = {0.0f + u.x, 0.0f + u.y, 0.0f + u.z, 0.0f + u.w};
+    } else {
+#pragma unroll 4
+      for (int64_t s = 0; s < p.splits; ++s) {
+        const auto* row = reinterpret_cast<const float4*>(p.gate_up + (s * p.max_rows + r) * 2 * I);
+        const float4 g = row[gi], u = row[ui];
+        gate = {gate.x + g.x, gate.y + g.y, gate.z + g.z, gate.w + g.w};
+        up = {up.x + u.x, up.y + u.y, up.z + u.z, up.w + u.w};
+      }
     }
+    if (channel != nullptr) {
+      const float4 sg = channel[gi], su = channel[ui];
+      gate = {gate.x * row_scale * sg.x, gate.y * row_scale * sg.y, gate.z * row_scale * sg.z,
+              gate.w * row_scale * sg.w};
+      up = {up.x * row_scale * su.x, up.y * row_scale * su.y, up.z * row_scale * su.z, up.w * row_scale * su.w};
+    }
+    const Activation act = kAct == kRuntimeActivation ? p.activation : static_cast<Activation>(kAct);
+    return {activate(act, gate.x) * up.x, activate(act, gate.y) * up.y, activate(act, gate.z) * up.z,
+            activate(act, gate.w) * up.w};
   }
-  if (channel != nullptr) {
-    const float4 sg = channel[gi], su = channel[ui];
-    gate = {gate.x * row_scale * sg.x, gate.y * row_scale * sg.y, gate.z * row_scale * sg.z,
-            gate.w * row_scale * sg.w};
-    up = {up.x * row_scale * su.x, up.y * row_scale * su.y, up.z * row_scale * su.z, up.w * row_scale * su.w};
-  }
-  const Activation act = kAct == kRuntimeActivation ? p.activation : static_cast<Activation>(kAct);
-  return {activate(act, gate.x) * up.x, activate(act, gate.y) * up.y, activate(act, gate.z) * up.z,
-          activate(act, gate.w) * up.w};
 }
 
 // The activation kernels let the down GEMM launch before they wait for gate_up (launch.h: the one
@@ -304,36 +311,6 @@ __global__ void __launch_bounds__(kActRowThreads, NIBBLE_ACT_ROW_MIN_BLOCKS) act
   if (threadIdx.x == 0) p.scale[r] = scale;
 }
 
-// Thread i: the 8-column unit i of the (rows, I / 8) units; a 64-block's sums are 8 consecutive
-// lanes (I % 64 == 0). Triggers the down GEMM's launch before its wait, as the activation kernels do.
-constexpr int kActivatedThreads = 256;
-
-__global__ void __launch_bounds__(kActivatedThreads) quantize_activated_rows_kernel(const __grid_constant__ ActivatedRowsArgs p) {
-  ptx::launch_dependents();
-  ptx::grid_dependency_wait();
-  const int64_t units = p.intermediate / 8, unit = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
-  const bool live = unit < p.rows * units;
-  const int64_t r = live ? unit / units : 0, u = unit - r * units;
-  const float scale = fmaxf(live ? p.amax[r] : 0.0f, 1e-12f) / 448.0f;
-  float sum = 0.0f;
-  if (live) {
-    const auto* h = reinterpret_cast<const float4*>(p.h + r * p.intermediate + u * 8);
-    const float4 a = h[0], b = h[1];
-    const float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-    uint32_t packed[2] = {0u, 0u};
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const __nv_fp8_storage_t c = __nv_cvt_float_to_fp8(v[j] / scale, __NV_SATFINITE, __NV_E4M3);
-      packed[j / 4] |= uint32_t{c} << (8 * (j % 4));
-      sum += __half2float(__half(__nv_cvt_fp8_to_halfraw(c, __NV_E4M3)));
-    }
-    *reinterpret_cast<uint2*>(p.codes + r * p.intermediate + u * 8) = make_uint2(packed[0], packed[1]);
-    if (u == 0) p.scale[r] = scale;
-  }
-  for (int o = 4; o > 0; o /= 2) sum += __shfl_xor_sync(0xFFFFFFFFu, sum, o);  // exact in any order
-  if (live && u % 8 == 0) p.sums[r * (p.intermediate / kRowBlock) + u / 8] = sum;
-}
-
 // Which activation kernel a call takes: ActivationArgs::kernel, else NIBBLE_ACTIVATION (cluster or
 // rows), else the cluster kernel where its grid (kActCluster blocks a row) is at most one block an SM
 // or the row kernel cannot take the row (I above 16384), the row kernel above. With few rows the row
@@ -393,12 +370,16 @@ void activation_quantize_fp8(const ActivationArgs& p, cudaStream_t stream) {
   static const bool one_split_setting = env_choice("NIBBLE_ACTIVATION_ONE_SPLIT", {"0", "1"}) != "0";
   const bool bf16 = p.gate_up_bf16 != nullptr;
   check(!bf16 || p.splits == 1, "activation_quantize_fp8: a BF16 product has one split");
+  check(!p.activated || (p.splits == 1 && !bf16 && p.row_scale == nullptr && !p.interleaved),
+        "activation_quantize_fp8: an activated product is one F32 split, scaled, in order");
   const bool one_split = bf16 || ((p.one_split < 0 ? one_split_setting : p.one_split == 1) && p.splits == 1);
   // The kernel to launch: the one-split variant of p's activation (for p's product type), else the
-  // general one; `variants` lists SiLU, GELU and GELU-tanh on F32 then on BF16.
+  // general one; `variants` lists SiLU, GELU and GELU-tanh on F32 then on BF16, then the activated
+  // product's.
   auto pick = [&](auto general, auto... variants) {
     using Kernel = decltype(general);
     const Kernel kernels[] = {variants...};
+    if (p.activated) return kernels[6];
     if (!one_split) return general;
     const int act = p.activation == Activation::kSilu ? 0 : p.activation == Activation::kGelu ? 1 : 2;
     return kernels[(bf16 ? 3 : 0) + act];
@@ -413,11 +394,11 @@ void activation_quantize_fp8(const ActivationArgs& p, cudaStream_t stream) {
                        ? pick(activation_rows_kernel<1, false, kRuntimeActivation>, activation_rows_kernel<1, true, kSilu>,
                               activation_rows_kernel<1, true, kGelu>, activation_rows_kernel<1, true, kGeluTanh>,
                               activation_rows_kernel<1, true, kSilu, true>, activation_rows_kernel<1, true, kGelu, true>,
-                              activation_rows_kernel<1, true, kGeluTanh, true>)
+                              activation_rows_kernel<1, true, kGeluTanh, true>, activation_rows_kernel<1, true, kActivated>)
                        : pick(activation_rows_kernel<2, false, kRuntimeActivation>, activation_rows_kernel<2, true, kSilu>,
                               activation_rows_kernel<2, true, kGelu>, activation_rows_kernel<2, true, kGeluTanh>,
                               activation_rows_kernel<2, true, kSilu, true>, activation_rows_kernel<2, true, kGelu, true>,
-                              activation_rows_kernel<2, true, kGeluTanh, true>);
+                              activation_rows_kernel<2, true, kGeluTanh, true>, activation_rows_kernel<2, true, kActivated>);
     launch_kernel(kernel, blocks, threads, 0, stream, p);
     return cuda_check(cudaGetLastError());
   }
@@ -427,7 +408,7 @@ void activation_quantize_fp8(const ActivationArgs& p, cudaStream_t stream) {
                      pick(activation_kernel<false, kRuntimeActivation>, activation_kernel<true, kSilu>,
                           activation_kernel<true, kGelu>, activation_kernel<true, kGeluTanh>,
                           activation_kernel<true, kSilu, true>, activation_kernel<true, kGelu, true>,
-                          activation_kernel<true, kGeluTanh, true>),
+                          activation_kernel<true, kGeluTanh, true>, activation_kernel<true, kActivated>),
                      static_cast<unsigned>(p.rows) * cluster, kActThreads, 0, stream, p);
 }
 
@@ -448,14 +429,6 @@ bool tp_local_amax() {
 
 void set_tp_local_amax(bool local) { g_tp_local_amax.store(local ? 1 : 0); }
 
-void quantize_activated_rows_fp8(const ActivatedRowsArgs& p, cudaStream_t stream) {
-  check(p.intermediate % kRowBlock == 0, "quantize_activated_rows_fp8: ", p.intermediate, " columns");
-  if (p.rows == 0) return;
-  const int64_t units = p.rows * (p.intermediate / 8);
-  launch_kernel(quantize_activated_rows_kernel, static_cast<unsigned>((units + kActivatedThreads - 1) / kActivatedThreads),
-                kActivatedThreads, 0, stream, p);
-  cuda_check(cudaGetLastError());
-}
 
 void activation_quantize_fp8(const ActivationArgs& p, Communicator* communicator, Tensor& amax,
                              cudaStream_t stream) {

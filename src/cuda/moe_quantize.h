@@ -73,6 +73,9 @@ struct ActivationArgs {
   // One split only: the product in BF16 (max_rows, 2I), read instead of gate_up (the prefill path's
   // PrefillOptions::gate_up_product); the one-split variants take it. nullptr: gate_up.
   const void* gate_up_bf16 = nullptr;
+  // gate_up holds act(gate) · up already (max_rows, I), F32, scaled (the gate_up GEMM's fused
+  // activation, GemmW4A8Args::glu): the kernels only quantize it, as they would have their own values.
+  bool activated = false;
 };
 
 void activation_quantize_fp8(const ActivationArgs& args, cudaStream_t stream);
@@ -81,20 +84,6 @@ void activation_quantize_fp8(const ActivationArgs& args, cudaStream_t stream);
 // at least `rows`.
 void activation_quantize_fp8(const ActivationArgs& args, Communicator* communicator, Tensor& amax,
                              cudaStream_t stream);
-
-// The gate_up GEMM's fused activation (moe_gemm_w4a8.h: GemmW4A8Args::glu) to FP8: row r of h with
-// scale max(amax[r], 1e-12) / 448, its codes and per-64 sums; from the same values the codes, scales
-// and sums of activation_quantize_fp8, bit for bit. Many blocks a row (8 columns a thread).
-struct ActivatedRowsArgs {
-  const float* h;      // (rows, I)
-  const float* amax;   // (rows): each row's amax (over every rank's slice under tensor parallelism)
-  uint8_t* codes;      // FP8 (rows, I)
-  float* scale;        // (rows)
-  float* sums;         // (rows, I / 64)
-  int64_t rows;
-  int64_t intermediate;  // I, a multiple of 64
-};
-void quantize_activated_rows_fp8(const ActivatedRowsArgs& args, cudaStream_t stream);
 
 // Under tensor parallelism, whether each rank quantizes its slice of a row (the o_proj and down_proj
 // inputs) with the slice's own amax, as vLLM and SGLang do, rather than with the row's over all ranks

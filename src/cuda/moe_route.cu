@@ -212,7 +212,6 @@ __device__ void group_pairs(const GroupArgs& p, int* counts, int* cursor, uint8_
   const unsigned lanes_before = (1u << lane) - 1u;
   for (int e = threadIdx.x; e < p.experts; e += blockDim.x) counts[e] = 0;
   for (int j = threadIdx.x; j < warps * kMaxExperts; j += blockDim.x) warp_counts[j] = 0;
-  for (int64_t i = threadIdx.x; p.zero_rows != nullptr && i < pairs; i += blockDim.x) p.zero_rows[i] = 0.0f;
   __syncthreads();
   // The ids are read through L2 (__ldcg): route_topk_group_kernel's last block reads other blocks' ids.
   for (int64_t i = threadIdx.x; i < pairs; i += blockDim.x) atomicAdd(&counts[__ldcg(p.topk_ids + i)], 1);

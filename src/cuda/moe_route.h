@@ -47,9 +47,6 @@ struct GroupArgs {
   // tokens in one launch (blocks count themselves done; the last ones take the top-k and group, and
   // reset the counters).
   uint32_t* blocks_done = nullptr;
-  // (T·K) or nullptr: zeroed with the grouping, for the running maxima of a later kernel (the gate_up
-  // GEMM's fused activation, moe_gemm_w4a8.h: GemmW4A8Args::glu_amax).
-  float* zero_rows = nullptr;
 };
 
 void group_by_expert(const GroupArgs& args, cudaStream_t stream);
