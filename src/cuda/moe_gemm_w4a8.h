@@ -108,12 +108,13 @@ int64_t choose_k_splits(int64_t n, int64_t k, int64_t expert_slots, int64_t rows
 bool moe_gemm_w4a8_reads_sorted(ExpertWeightFormat format, int64_t rows, int64_t expert_slots);
 
 // Whether a gate_up call with `rows` (T·K) over `expert_slots` takes the fused activation
-// (GemmW4A8Args::glu, one K split) when asked: wgmma tiles of up to 16 rows, where it measured faster
-// than the activation kernel (DeepSeek-V3's one token, with a K split of 2 unfused: 97.0 against 102.5
-// µs on an H100, bench/RESULTS.md, twenty-sixth session). In tiles of 64 and 128 rows its epilogue cost
-// the tensor cores more than the activation kernel's pass (on an H200: Mixtral 256 tokens 545.1
-// against 483.2 µs, 1024 1369.1 against 1362.1, even before a row amax in the epilogue, which cost
-// 110 µs more at 1024).
+// (GemmW4A8Args::glu, one K split) when asked: wgmma tiles of up to 16 rows. Measured on an H100
+// (bench/RESULTS.md, twenty-sixth session, the layer, µs fused / apart, two rounds): Mixtral 32 tokens
+// 263.5, 263.7 / 269.7, 269.6; Grok-1 tp 2 1 token 126.2, 126.6 / 129.1, 127.4; DeepSeek-V3 32 tokens
+// 1235.6, 1234.3 / 1243.5, 1242.9; Mixtral 8 tokens 262.5, 262.8 / 261.1, 260.7; equal at Mixtral's and
+// DeepSeek-V3's one token. In tiles of 64 and 128 rows its epilogue cost the tensor cores more than
+// the activation kernel's pass (on an H200: Mixtral 256 tokens 545.1 against 483.2 µs, 1024 1369.1
+// against 1362.1, even before a row amax in the epilogue, which cost 110 µs more at 1024).
 bool moe_gemm_w4a8_fuses_glu(ExpertWeightFormat format, int64_t rows, int64_t expert_slots);
 
 void moe_gemm_w4a8(const GemmW4A8Args& args, cudaStream_t stream);
