@@ -119,7 +119,15 @@ TEST(FamilySpecials, FlagsAndIds) {
   }
 }
 
-// Timing: prints load and encode speed; the bounds are loose so sanitizer builds pass.
+// Timing: prints load and encode speed. The bounds catch a complexity blunder, not a slow machine:
+// the unoptimized sanitizer build, sharing two cores with other tests, loads Qwen3's tokenizer in
+// about 10 s (CI, 2026-12-06), so it gets six times the optimized build's bound.
+#ifdef NDEBUG
+constexpr double kSpeedBoundMs = 10'000.0;
+#else
+constexpr double kSpeedBoundMs = 60'000.0;
+#endif
+
 TEST(FamilySpeed, LoadAndEncode) {
   for (const std::string family : {"qwen3", "mixtral", "deepseek_v3"}) {
     const fs::path file = kData / family / "tokenizer.json";
@@ -144,8 +152,8 @@ TEST(FamilySpeed, LoadAndEncode) {
     std::printf("%s: load %.0f ms, encode 100 KB %.1f ms cold / %.1f ms warm (%zu ids)\n",
                 family.c_str(), ms(t1 - t0), ms(t3 - t2), ms(t4 - t3), ids.size());
     EXPECT_EQ(ids, again);
-    EXPECT_LT(ms(t1 - t0), 10'000.0);
-    EXPECT_LT(ms(t3 - t2), 10'000.0);
+    EXPECT_LT(ms(t1 - t0), kSpeedBoundMs);
+    EXPECT_LT(ms(t3 - t2), kSpeedBoundMs);
   }
 }
 
