@@ -138,11 +138,18 @@ void CudaOps::scale(Tensor& x, float factor) { cuda::scale(x, factor, stream_); 
 
 void CudaOps::argmax(const Tensor& x, Tensor& out) { argmax_rows(x, out, stream_); }
 
-void CudaOps::sample(const Tensor& logits, const Tensor& temperatures, const Tensor& keys, Tensor& out) {
+void CudaOps::sample(const Tensor& logits, const SampleSettings& settings, Tensor& out) {
   static const bool on_device = env_choice("NIBBLE_DEVICE_SAMPLING", {"0", "1"}) != "0";
-  if (on_device) return sample_rows(logits, temperatures, keys, out, stream_);
+  const bool filtered = settings.top_k.defined() || settings.top_p.defined();
+  if (on_device && !filtered) return sample_rows(logits, settings.temperatures, settings.keys, out, stream_);
+  const auto host = [&](const Tensor& t) { return t.defined() ? download(t) : Tensor(); };
   Tensor ids = Tensor::zeros(DType::kI32, {logits.dim(0)});
-  Ops::sample(download(logits), download(temperatures), download(keys), ids);
+  Ops::sample(download(logits),
+              {.temperatures = host(settings.temperatures),
+               .keys = host(settings.keys),
+               .top_k = host(settings.top_k),
+               .top_p = host(settings.top_p)},
+              ids);
   copy_to_device(ids, out);
 }
 

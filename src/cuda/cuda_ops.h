@@ -46,9 +46,10 @@ class CudaOps final : public Ops {
                                const Tensor& weight, float eps, Tensor& out) override;
   void scale(Tensor& x, float factor) override;
   void argmax(const Tensor& x, Tensor& out) override;
-  // On the device (sampling.h; CudaSampling.GumbelSampleMatchesHost checks it against the host), or with
-  // NIBBLE_DEVICE_SAMPLING=0 the host's Ops::sample on downloaded logits.
-  void sample(const Tensor& logits, const Tensor& temperatures, const Tensor& keys, Tensor& out) override;
+  // On the device where no row filters (sampling.h; CudaSampling.GumbelSampleMatchesHost checks it
+  // against the host); top-k or top-p rows, or NIBBLE_DEVICE_SAMPLING=0: the host's Ops::sample on
+  // downloaded logits.
+  void sample(const Tensor& logits, const SampleSettings& settings, Tensor& out) override;
   void linear(const Tensor& x, const Linear& w, Tensor& out, Communicator* row_group = nullptr) override;
   void logits(const Tensor& x, const Tensor& rows, const Linear& w, Tensor& out) override;
   void rope(Tensor& qkv, const Tensor& positions, const AttentionParams& params, double theta) override;

@@ -2,6 +2,7 @@
 #include "engine/model_runner.h"
 
 #include <algorithm>
+#include <cstdint>
 
 namespace nibble {
 namespace {
@@ -28,23 +29,17 @@ ModelRunner::ModelRunner(Model& model, int64_t num_blocks, int64_t block_size, K
 
 std::vector<int32_t> ModelRunner::sample(const std::vector<ScheduledSeq>& step, const Tensor& logits) {
   Ops& ops = model_.ops();
-  std::vector<int32_t> sampled;
+  const int64_t rows = logits.dim(0);
+  Tensor ids = ops.empty(DType::kI32, {rows});
   const bool greedy = std::all_of(step.begin(), step.end(),
                                   [](const ScheduledSeq& s) { return !s.samples || s.seq->sampler.greedy(); });
-  if (greedy) {  // argmax where the logits are: R ids come back instead of R × vocab floats
-    Tensor ids = ops.empty(DType::kI32, {logits.dim(0)});
+  if (greedy) {
     ops.argmax(logits, ids);
-    const Tensor host = ops.download(ids);
-    for (const ScheduledSeq& s : step)
-      if (s.samples) sampled.push_back(host.data<int32_t>()[sampled.size()]);
-    return sampled;
-  }
-  const bool unfiltered = std::all_of(step.begin(), step.end(), [](const ScheduledSeq& s) {
-    return !s.samples || s.seq->sampler.greedy() || s.seq->sampler.unfiltered();
-  });
-  if (unfiltered) {  // argmax or Gumbel-max draws where the logits are (Ops::sample)
-    const int64_t rows = logits.dim(0);
+  } else {  // each row's temperature, key, top-k and top-p; padding rows take the argmax
     Tensor temperatures = Tensor::zeros(DType::kF32, {rows}), keys = Tensor::zeros(DType::kI64, {rows});
+    Tensor top_k = Tensor::zeros(DType::kI32, {rows}), top_p = Tensor::zeros(DType::kF32, {rows});
+    std::fill_n(top_p.data<float>(), rows, 1.0f);
+    bool filtered = false;
     int64_t r = 0;
     for (const ScheduledSeq& s : step) {
       if (!s.samples) continue;
@@ -52,20 +47,23 @@ std::vector<int32_t> ModelRunner::sample(const std::vector<ScheduledSeq>& step, 
       if (!sampler.greedy()) {
         temperatures.data<float>()[r] = sampler.temperature();
         keys.data<int64_t>()[r] = static_cast<int64_t>(sampler.next_key());
+        top_k.data<int32_t>()[r] = static_cast<int32_t>(std::min<int64_t>(sampler.top_k(), INT32_MAX));
+        top_p.data<float>()[r] = sampler.top_p();
+        filtered = filtered || sampler.top_k() > 0 || sampler.top_p() < 1.0f;
       }
       ++r;
     }
-    Tensor ids = ops.empty(DType::kI32, {rows});
-    ops.sample(logits, ops.upload(temperatures), ops.upload(keys), ids);
-    const Tensor host = ops.download(ids);
-    for (const ScheduledSeq& s : step)
-      if (s.samples) sampled.push_back(host.data<int32_t>()[sampled.size()]);
-    return sampled;
+    ops.sample(logits,
+               {.temperatures = ops.upload(temperatures),
+                .keys = ops.upload(keys),
+                .top_k = filtered ? ops.upload(top_k) : Tensor(),
+                .top_p = filtered ? ops.upload(top_p) : Tensor()},
+               ids);
   }
-  const Tensor host = ops.download(logits);
-  const auto vocab = static_cast<std::size_t>(host.dim(1));
+  const Tensor host = ops.download(ids);  // R ids, not R × vocab logits
+  std::vector<int32_t> sampled;
   for (const ScheduledSeq& s : step)
-    if (s.samples) sampled.push_back(s.seq->sampler.sample({host.data<float>() + sampled.size() * vocab, vocab}));
+    if (s.samples) sampled.push_back(host.data<int32_t>()[sampled.size()]);
   return sampled;
 }
 

@@ -32,8 +32,8 @@ class ModelRunner {
 
  private:
   // logits (R, vocab) F32 where the model wrote them, row i for the i-th sampling sequence (rows past
-  // those are padding). A step of greedy samplers takes the argmax there (GPU sampling); any other
-  // step downloads the logits and samples on the host.
+  // those are padding). A step of greedy samplers takes the argmax there; any other step the draws
+  // of Ops::sample (each row's temperature, key, top-k and top-p). Either way R ids come back.
   std::vector<int32_t> sample(const std::vector<ScheduledSeq>& step, const Tensor& logits);
   std::vector<int32_t> run_decode_graph(const std::vector<ScheduledSeq>& step);
 

@@ -4,7 +4,7 @@
 #include <algorithm>
 #include <cstring>
 
-#include "core/counter_rng.h"
+#include "core/sampling_filter.h"
 #include "model/communicator.h"
 
 namespace nibble {
@@ -39,20 +39,26 @@ void Ops::argmax(const Tensor& x, Tensor& out) {
   }
 }
 
-void Ops::sample(const Tensor& logits, const Tensor& temperatures, const Tensor& keys, Tensor& out) {
-  check(logits.device() == Device::kCpu && temperatures.device() == Device::kCpu && keys.device() == Device::kCpu &&
-            out.device() == Device::kCpu,
+void Ops::sample(const Tensor& logits, const SampleSettings& settings, Tensor& out) {
+  const auto on_host = [](const Tensor& t) { return !t.defined() || t.device() == Device::kCpu; };
+  check(on_host(logits) && on_host(settings.temperatures) && on_host(settings.keys) && on_host(settings.top_k) &&
+            on_host(settings.top_p) && on_host(out),
         "sample: host tensors expected");
   expect(logits, DType::kF32, {-1, -1}, "sample logits");
   const int64_t R = logits.dim(0), V = logits.dim(1);
-  expect(temperatures, DType::kF32, {R}, "sample temperatures");
-  expect(keys, DType::kI64, {R}, "sample keys");
+  expect(settings.temperatures, DType::kF32, {R}, "sample temperatures");
+  expect(settings.keys, DType::kI64, {R}, "sample keys");
+  if (settings.top_k.defined()) expect(settings.top_k, DType::kI32, {R}, "sample top_k");
+  if (settings.top_p.defined()) expect(settings.top_p, DType::kF32, {R}, "sample top_p");
   expect(out, DType::kI32, {R}, "sample output");
   for (int64_t r = 0; r < R; ++r) {
     const float* row = logits.data<float>() + r * V;
-    const float t = temperatures.data<float>()[r];
-    out.data<int32_t>()[r] = t == 0.0f ? static_cast<int32_t>(std::max_element(row, row + V) - row)
-                                       : gumbel_argmax(row, V, t, static_cast<uint64_t>(keys.data<int64_t>()[r]));
+    const float t = settings.temperatures.data<float>()[r];
+    const int64_t top_k = settings.top_k.defined() ? settings.top_k.data<int32_t>()[r] : 0;
+    const float top_p = settings.top_p.defined() ? settings.top_p.data<float>()[r] : 1.0f;
+    out.data<int32_t>()[r] =
+        t == 0.0f ? static_cast<int32_t>(std::max_element(row, row + V) - row)
+                  : filtered_gumbel_argmax(row, V, t, top_k, top_p, static_cast<uint64_t>(settings.keys.data<int64_t>()[r]));
   }
 }
 

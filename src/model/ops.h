@@ -51,6 +51,14 @@ struct AttentionParams {
   float logit_softcap = 0.0f;  // scaled logits become cap·tanh(logit / cap) before the softmax; 0 = off
 };
 
+// Each row's sampling for Ops::sample: R values a tensor, where the logits are.
+struct SampleSettings {
+  Tensor temperatures;  // F32; 0: the argmax
+  Tensor keys;          // I64: the draw's key (a uint64's bits)
+  Tensor top_k;         // I32; 0: no limit. Undefined: none for any row
+  Tensor top_p;         // F32; 1: no limit. Undefined: none for any row
+};
+
 // A step recorded once and replayed with no host work in between (a CUDA graph). It reads and writes
 // the same device tensors at every replay: refill its inputs in place (copy_to_device) before replay().
 class RecordedStep {
@@ -88,10 +96,11 @@ class Ops {
   // index (greedy sampling where the logits are: a step downloads R ids instead of R·V logits). The
   // default works on host tensors (CPU backend).
   virtual void argmax(const Tensor& x, Tensor& out);
-  // out (R) I32 = a token for each row of logits (R, V) F32: its argmax where temperatures (R) F32 is
-  // 0, else the Gumbel-max draw from softmax(row / temperature) under keys (R) I64 (a uint64's bits;
-  // gumbel_argmax in core/counter_rng.h). The default works on host tensors (CPU backend).
-  virtual void sample(const Tensor& logits, const Tensor& temperatures, const Tensor& keys, Tensor& out);
+  // out (R) I32 = a token for each row of logits (R, V) F32: its argmax where the row's temperature is
+  // 0, else the Gumbel-max draw from softmax(row / temperature) under its key among the tokens its
+  // top-k and top-p keep (filtered_gumbel_argmax in core/sampling_filter.h). The default works on
+  // host tensors (CPU backend).
+  virtual void sample(const Tensor& logits, const SampleSettings& settings, Tensor& out);
 
   // out (T, H) F32 = table[ids] for ids (T) I32 and table (V, H) BF16 (exact: BF16 values).
   virtual void embedding(const Tensor& ids, const Tensor& table, Tensor& out) = 0;

@@ -69,7 +69,7 @@ TEST(CudaSampling, GumbelSampleMatchesHost) {
       for (int64_t r = 0; r < rows; ++r)
         keys.data<int64_t>()[r] = static_cast<int64_t>(splitmix64(draw * 977 + static_cast<uint64_t>(r)));
       Tensor want = Tensor::zeros(DType::kI32, {rows});
-      cpu.sample(logits, temperatures, keys, want);
+      cpu.sample(logits, {.temperatures = temperatures, .keys = keys}, want);
       Tensor got = poisoned(DType::kI32, {rows});
       cuda::sample_rows(d_logits, d_temperatures, cuda::upload(keys), got, cuda::compute_stream());
       const Tensor host = cuda::download(got);
