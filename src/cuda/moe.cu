@@ -105,6 +105,7 @@ MoeWeightsW4A8 upload_moe_w4a8(const MoeWeights& host) {
 
 MoeWorkspace::MoeWorkspace(const MoeWeightsW4A8& w, int64_t tokens, int64_t k, PrefillOptions options)
     : max_tokens(tokens), top_k(k), num_sms(multiprocessor_count()), fuse_activation(fused_glu_setting()),
+      glu_amax(env_switch("NIBBLE_MOE_GLU_AMAX")),
       prefill_options(options) {
   const int64_t E = w.num_experts, H = w.hidden_size, I = w.intermediate_size, rows = tokens * k;
   check(tokens >= 1 && k >= 1 && k <= E, "MoeWorkspace: bad sizes");
@@ -153,6 +154,10 @@ void moe_w4a8(const Tensor& x, const MoeWeightsW4A8& w, const MoeParams& params,
   const int64_t rows = T * K, slots = std::min(E, rows);
   // The activation in gate_up's epilogue (one K split) where the GEMM takes it.
   const bool fuse = moe_w4a8_fuses_activation(w, ws, T, K);
+  // The rows' amax in the same epilogue, where one rank (or each rank alone) quantizes them.
+  float* glu_amax = fuse && ws.glu_amax && (params.communicator == nullptr || tp_local_amax())
+                        ? ws.act_amax.data<float>()
+                        : nullptr;
   const int64_t gate_up_splits = fuse                   ? 1
                                  : ws.gate_up_splits > 0 ? ws.gate_up_splits
                                                          : choose_k_splits(2 * I, H, slots, rows, ws.num_sms);
@@ -164,7 +169,8 @@ void moe_w4a8(const Tensor& x, const MoeWeightsW4A8& w, const MoeParams& params,
                         .active_experts = ws.active_experts.data<int32_t>(),
                         .sorted_tokens = ws.sorted_tokens.data<int32_t>(), .row_pos = ws.row_pos.data<int32_t>(),
                         .tokens = T, .experts = E, .top_k = K,
-                        .blocks_done = reinterpret_cast<uint32_t*>(ws.route_done.data<int32_t>())};
+                        .blocks_done = reinterpret_cast<uint32_t*>(ws.route_done.data<int32_t>()),
+                        .zero_rows = glu_amax};
   if (takes_prefill_path(path, T, K, E, stream)) {
     route_and_group(route, group, stream);
     if (!ws.prefill) ws.prefill = std::make_unique<MoePrefillWorkspace>(E, H, I, ws.max_tokens, K, ws.prefill_options);
@@ -191,14 +197,14 @@ void moe_w4a8(const Tensor& x, const MoeWeightsW4A8& w, const MoeParams& params,
                  .expert_offsets = ws.expert_offsets.data<int32_t>(),
                  .active_experts = ws.active_experts.data<int32_t>(), .out = ws.gate_up_out.data<float>(),
                  .max_rows = rows, .num_experts = E, .n = 2 * I, .k = H, .expert_slots = slots,
-                 .splits = gate_up_splits, .glu = fuse, .glu_activation = params.activation,
+                 .splits = gate_up_splits, .glu = fuse, .glu_activation = params.activation, .glu_amax = glu_amax,
                  .routing_settled = !routed_last},
                 stream);
   // Fused, gate_up_out holds act(gate) · up (rows, I), which the activation kernels only quantize.
   activation_quantize_fp8({.gate_up = ws.gate_up_out.data<float>(), .interleaved = !fuse, .splits = gate_up_splits,
                            .max_rows = rows, .codes = ws.act_fp8.data<uint8_t>(), .scale = ws.act_scale.data<float>(),
                            .sums = ws.act_sums.data<float>(), .rows = rows, .intermediate = I,
-                           .activation = params.activation, .activated = fuse},
+                           .activation = params.activation, .amax_in = glu_amax, .activated = fuse},
                           params.communicator, ws.act_amax, stream);
   const int64_t down_splits = choose_k_splits(H, I, slots, rows, ws.num_sms);
   moe_gemm_w4a8({.weight_format = w.format, .weights = w.down.raw(), .weight_scale = w.down_scale.data<float>(),

@@ -54,6 +54,11 @@ struct MoeWorkspace {
   // of it; false: gate_up's sums (over its K splits) then the activation kernels. Starts as
   // NIBBLE_MOE_FUSED_GLU (1 unless 0).
   bool fuse_activation = true;
+  // With the fused activation, each row's amax too (GemmW4A8Args::glu_amax, into act_amax, zeroed by
+  // the grouping), so that the activation kernels skip their own (the cluster kernel its exchange
+  // between blocks); single GPU or each rank's own amax (tp_local_amax) only. Starts as
+  // NIBBLE_MOE_GLU_AMAX (0 unless 1): not yet measured.
+  bool glu_amax = false;
   // gate_up's K splits on the decode path when not fused; 0: choose_k_splits's (a test or an experiment
   // may fix it).
   int64_t gate_up_splits = 0;

@@ -650,15 +650,27 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
         if (p.glu) {
           // Rows g of the tile are gate channels, g + 8 the up ones of the same channels (kGluRows):
           // the values written as the unfused epilogue writes them, then act(0 + gate) · (0 + up) as
-          // the activation kernels compute them.
+          // the activation kernels compute them. With glu_amax, each row's amax over the warp's
+          // channels (the 8 lanes of one q share their rows) max-ed into it by lanes 0-3.
           float* out = p.out + first_row * (p.n / 2);
           const int64_t c16 = tile * 16 + g;
 #pragma unroll
           for (int j = 0; j < kAcc; ++j) {
+            if (j & 2) continue;
             const int row = (j / 4) * 8 + 2 * q + (j & 1);
-            if ((j & 2) || compute.chunk * kRows + row >= compute.rows) continue;
+            const bool live = compute.chunk * kRows + row < compute.rows;
             const float gate = value(j, row, c16), up = value(j + 2, row, c16 + 8);
-            out[row * (p.n / 2) + tile * 8 + g] = activate(p.glu_activation, 0.0f + gate) * (0.0f + up);
+            const float h = activate(p.glu_activation, 0.0f + gate) * (0.0f + up);
+            if (live) out[row * (p.n / 2) + tile * 8 + g] = h;
+            // Tiles of 8 and 16 rows only (moe_gemm_w4a8_fuses_glu): in the 128-row kernel the shuffles
+            // made ptxas serialize the wgmmas (C7520).
+            if (kTokenTiles <= 2 && p.glu_amax != nullptr) {  // the same for the whole grid
+              float m = live ? fmaxf(0.0f, fabsf(h)) : 0.0f;  // NaN left out, as the activation kernels' max
+#pragma unroll
+              for (int o = 4; o < 32; o *= 2) m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, o));
+              if (g == 0 && live)  // non-negative floats order as their bits
+                atomicMax(reinterpret_cast<int*>(p.glu_amax + first_row + row), __float_as_int(m));
+            }
           }
         } else {
           float* out = p.out + (compute.split * p.max_rows + first_row) * p.n;

@@ -94,6 +94,9 @@ struct GemmW4A8Args {
   // activation_quantize_fp8 then quantizes (ActivationArgs::activated).
   bool glu = false;
   Activation glu_activation = Activation::kSilu;
+  // With glu: each row's amax of act(gate) · up max-ed into glu_amax[row] (F32, max_rows, zero before
+  // the launch: GroupArgs::zero_rows), for ActivationArgs::amax_in; nullptr: none.
+  float* glu_amax = nullptr;
   // The routing (expert_offsets, active_experts) was written two or more launches back in the stream
   // (launch.h), so the producer may start the first stages' weight copies before the kernel before
   // it has finished (the activations and their scales are read only after).

@@ -224,6 +224,11 @@ __global__ void __launch_bounds__(kActThreads) activation_kernel(const __grid_co
     reinterpret_cast<float4*>(values)[i] = v;
     amax = fmaxf(amax, fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
   }
+  if (p.amax_in != nullptr && p.amax_out == nullptr) {  // the row's amax given: no exchange
+    __syncthreads();                                     // this block's values written
+    quantize_row_fp8(values, cols, codes, scale_out, sums, reduce, fmaxf(p.amax_in[r], 1e-12f) / 448.0f);
+    return;
+  }
   // The block's amax, then the row's over the cluster's blocks.
   for (int o = 16; o > 0; o /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, o));
   if (threadIdx.x % 32 == 0) reduce[threadIdx.x / 32] = amax;
@@ -242,9 +247,7 @@ __global__ void __launch_bounds__(kActThreads) activation_kernel(const __grid_co
   if (p.amax_out != nullptr) {  // the first pass under tensor parallelism: only the row's amax
     if (q == 0 && threadIdx.x == 0) p.amax_out[r] = row_amax;
   } else {
-    // The dynamic formula, over every rank's slice when the reduced amax is given.
-    const float scale = fmaxf(p.amax_in != nullptr ? p.amax_in[r] : row_amax, 1e-12f) / 448.0f;
-    quantize_row_fp8(values, cols, codes, scale_out, sums, reduce, scale);
+    quantize_row_fp8(values, cols, codes, scale_out, sums, reduce, fmaxf(row_amax, 1e-12f) / 448.0f);
   }
   cluster.sync();  // no block leaves while another may still read its block_amax
 }

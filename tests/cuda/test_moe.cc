@@ -460,8 +460,9 @@ TEST(MoeLayerFp8, MatchesCpuTwin) {
 // before each run: equal bit for bit (the same activation values, so the same codes, scales and sums
 // and the same down projection), for tiles of 8 and 16 rows, INT4 and FP8 experts, SiLU, GELU and tanh
 // GELU, 8 and 64 experts; the calls the GEMM fuses do fuse (moe_w4a8_fuses_activation) and wider
-// tiles do not. Together with MoeLayer.MatchesCpuTwin (fused where it applies, by default), this pins
-// the fused epilogue to the kernels the CPU twin checks.
+// tiles do not; and with the rows' amax from the epilogue too (MoeWorkspace::glu_amax: the cluster
+// and the row activation kernels given it). Together with MoeLayer.MatchesCpuTwin (fused where it
+// applies, by default), this pins the fused epilogue to the kernels the CPU twin checks.
 TEST(MoeLayerFused, EqualsTheActivationKernels) {
   SKIP_WITHOUT_GPU();
   struct Case {
@@ -500,17 +501,20 @@ TEST(MoeLayerFused, EqualsTheActivationKernels) {
     const Tensor x = cuda::upload(to_bf16(random_f32({T, H}, 12)));
     // 8 rows or fewer an expert: wgmma tiles of 8 or 16 rows, which fuse; 300 tokens: 64-row tiles.
     const bool fusable = T * c.K <= 8 * E;
-    auto run = [&](bool fuse) {
+    auto run = [&](bool fuse, bool amax = false) {
       ws.fuse_activation = fuse;
+      ws.glu_amax = amax;
       ws.gate_up_splits = 1;  // the fused epilogue's one split, so that the sums are the same
       EXPECT_EQ(cuda::moe_w4a8_fuses_activation(w, ws, T, c.K), fuse && fusable) << "T " << T;
       Tensor out = poisoned(DType::kF32, {T, H});
       cuda::moe_w4a8(x, w, params, ws, out, nullptr, cuda::MoePath::kDecode);
       return cuda::download(out);
     };
-    const Tensor fused = run(true), apart = run(false);
+    const Tensor fused = run(true), apart = run(false), with_amax = run(true, true);
     EXPECT_EQ(std::memcmp(fused.raw(), apart.raw(), fused.nbytes()), 0)
         << "E " << E << " H " << H << " I " << I << " T " << T << (c.fp8 ? " FP8" : " INT4");
+    EXPECT_EQ(std::memcmp(with_amax.raw(), apart.raw(), fused.nbytes()), 0)
+        << "the epilogue's amax: E " << E << " H " << H << " I " << I << " T " << T << (c.fp8 ? " FP8" : " INT4");
     EXPECT_GT(rel_l2(fused.data<float>(), std::vector<float>(T * H, 0.0f).data(), T * H), 0.5);  // not all zeros
   }
 }
