@@ -12,9 +12,9 @@
 #pragma once
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <numeric>
 #include <vector>
 
@@ -46,30 +46,26 @@ inline float fma_rn(float a, float b, float c) { return std::fma(a, b, c); }
 #endif
 }  // namespace sampling_detail
 
+#ifdef __CUDA_ARCH__
+__device__ inline uint32_t float_bits(float value) { return __float_as_uint(value); }
+__device__ inline float bits_float(uint32_t bits) { return __uint_as_float(bits); }
+#else
+inline uint32_t float_bits(float value) { return std::bit_cast<uint32_t>(value); }
+inline float bits_float(uint32_t bits) { return std::bit_cast<float>(bits); }
+#endif
+
 // A row's order as an unsigned key: a larger key comes first. Monotone in the value (−0 just below
 // +0), NaN lowest of all.
 NIBBLE_HOST_DEVICE inline uint32_t order_key(float value) {
   if (value != value) return 0;
-  uint32_t bits;
-#ifdef __CUDA_ARCH__
-  bits = __float_as_uint(value);
-#else
-  std::memcpy(&bits, &value, sizeof bits);
-#endif
+  const uint32_t bits = float_bits(value);
   return (bits & 0x80000000u) != 0 ? ~bits : bits | 0x80000000u;
 }
 
 // The value order_key maps to `key` (NaN for 0).
 NIBBLE_HOST_DEVICE inline float order_value(uint32_t key) {
   if (key == 0) return NAN;
-  const uint32_t bits = (key & 0x80000000u) != 0 ? key & 0x7FFFFFFFu : ~key;
-  float value;
-#ifdef __CUDA_ARCH__
-  value = __uint_as_float(bits);
-#else
-  std::memcpy(&value, &bits, sizeof value);
-#endif
-  return value;
+  return bits_float((key & 0x80000000u) != 0 ? key & 0x7FFFFFFFu : ~key);
 }
 
 // A token's top-p weight: e^((logit − max_logit) / temperature) in units of 2^-32 of the most likely
