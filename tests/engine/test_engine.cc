@@ -82,14 +82,16 @@ TEST_F(EngineTest, BatchingDoesNotChangeGreedyResults) {
   for (std::size_t i = 0; i < requests.size(); ++i) EXPECT_EQ(got[i], alone(requests[i])) << "request " << i;
 }
 
-// Seeded random sampling beside greedy requests: a step with a top-p sequence samples every row on
-// the host, a step of greedy and temperature-only sequences samples where the logits are (Ops::argmax,
-// Ops::sample's Gumbel-max draws); either way each request equals itself served alone, and a seed
-// reproduces its sample.
+// Seeded random sampling beside greedy requests: a step of greedy sequences takes Ops::argmax, any
+// other step Ops::sample's draws (temperature alone, top-p, top-k); either way each request equals
+// itself served alone, and a seed reproduces its sample.
 TEST_F(EngineTest, SeededSamplingBesideGreedyMatchesServedAlone) {
   auto requests = mixed_requests(12, 2);
   for (std::size_t i = 1; i < requests.size(); i += 2)
-    requests[i].sampling = {.temperature = 0.8f, .top_p = i % 4 == 1 ? 0.9f : 1.0f, .top_k = 0, .seed = 100 + i};
+    requests[i].sampling = {.temperature = 0.8f,
+                            .top_p = i % 4 == 1 ? 0.9f : 1.0f,
+                            .top_k = i % 6 == 3 ? 20 : 0,
+                            .seed = 100 + i};
   const auto got = batched(requests, {.num_blocks = 256, .block_size = 4,
                                       .scheduler = {.max_running = 6, .max_batched_tokens = 48}});
   for (std::size_t i = 0; i < requests.size(); ++i) EXPECT_EQ(got[i], alone(requests[i])) << "request " << i;
