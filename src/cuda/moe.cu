@@ -126,6 +126,8 @@ MoeWorkspace::MoeWorkspace(const MoeWeightsW4A8& w, int64_t tokens, int64_t k, P
   act_fp8 = empty(DType::kF8E4M3, {rows, I});
   act_scale = empty(DType::kF32, {rows});
   act_amax = empty(DType::kF32, {rows});
+  // The fused activation takes at most 8 rows an expert (moe_gemm_w4a8_fuses_glu).
+  glu_part_amax = empty(DType::kF32, {std::min(rows, 8 * E), I / 8});
   act_sums = empty(DType::kF32, {rows, I / 64});
   down_out = empty(DType::kF32, {max_split_rows(H, I, E, k, tokens, num_sms) * H});
   // Not while a decode graph is being captured (the prefill workspace makes streams, pinned memory and a
@@ -154,10 +156,6 @@ void moe_w4a8(const Tensor& x, const MoeWeightsW4A8& w, const MoeParams& params,
   const int64_t rows = T * K, slots = std::min(E, rows);
   // The activation in gate_up's epilogue (one K split) where the GEMM takes it.
   const bool fuse = moe_w4a8_fuses_activation(w, ws, T, K);
-  // The rows' amax in the same epilogue, where one rank (or each rank alone) quantizes them.
-  float* glu_amax = fuse && ws.glu_amax && (params.communicator == nullptr || tp_local_amax())
-                        ? ws.act_amax.data<float>()
-                        : nullptr;
   const int64_t gate_up_splits = fuse                   ? 1
                                  : ws.gate_up_splits > 0 ? ws.gate_up_splits
                                                          : choose_k_splits(2 * I, H, slots, rows, ws.num_sms);
@@ -169,8 +167,7 @@ void moe_w4a8(const Tensor& x, const MoeWeightsW4A8& w, const MoeParams& params,
                         .active_experts = ws.active_experts.data<int32_t>(),
                         .sorted_tokens = ws.sorted_tokens.data<int32_t>(), .row_pos = ws.row_pos.data<int32_t>(),
                         .tokens = T, .experts = E, .top_k = K,
-                        .blocks_done = reinterpret_cast<uint32_t*>(ws.route_done.data<int32_t>()),
-                        .zero_rows = glu_amax};
+                        .blocks_done = reinterpret_cast<uint32_t*>(ws.route_done.data<int32_t>())};
   if (takes_prefill_path(path, T, K, E, stream)) {
     route_and_group(route, group, stream);
     if (!ws.prefill) ws.prefill = std::make_unique<MoePrefillWorkspace>(E, H, I, ws.max_tokens, K, ws.prefill_options);
@@ -190,6 +187,18 @@ void moe_w4a8(const Tensor& x, const MoeWeightsW4A8& w, const MoeParams& params,
   } else {
     routed_last = route_and_group(route, group, stream, &quantize);
   }
+  // Fused, gate_up_out holds act(gate) · up (rows, I), which the activation kernels only quantize;
+  // with glu_amax, the rows' amax in parts from the same epilogue, where the cluster kernel takes the
+  // rows and one rank (or each rank alone) quantizes them.
+  ActivationArgs activation{.gate_up = ws.gate_up_out.data<float>(), .interleaved = !fuse, .splits = gate_up_splits,
+                            .max_rows = rows, .codes = ws.act_fp8.data<uint8_t>(), .scale = ws.act_scale.data<float>(),
+                            .sums = ws.act_sums.data<float>(), .rows = rows, .intermediate = I,
+                            .activation = params.activation, .activated = fuse};
+  if (fuse && ws.glu_amax && (params.communicator == nullptr || tp_local_amax()) &&
+      rows <= ws.glu_part_amax.dim(0) && activation_takes_cluster_kernel(activation)) {
+    activation.part_amax = ws.glu_part_amax.data<float>();
+    activation.amax_parts = I / 8;
+  }
   moe_gemm_w4a8({.weight_format = w.format, .weights = w.gate_up.raw(), .weight_scale = w.gate_up_scale.data<float>(),
                  .act = ws.x_fp8.data<uint8_t>(), .act_scale = ws.x_scale.data<float>(),
                  .act_sums = ws.x_sums.data<float>(), .act_row = ws.sorted_tokens.data<int32_t>(),
@@ -197,15 +206,11 @@ void moe_w4a8(const Tensor& x, const MoeWeightsW4A8& w, const MoeParams& params,
                  .expert_offsets = ws.expert_offsets.data<int32_t>(),
                  .active_experts = ws.active_experts.data<int32_t>(), .out = ws.gate_up_out.data<float>(),
                  .max_rows = rows, .num_experts = E, .n = 2 * I, .k = H, .expert_slots = slots,
-                 .splits = gate_up_splits, .glu = fuse, .glu_activation = params.activation, .glu_amax = glu_amax,
+                 .splits = gate_up_splits, .glu = fuse, .glu_activation = params.activation,
+                 .glu_amax = activation.part_amax != nullptr ? ws.glu_part_amax.data<float>() : nullptr,
                  .routing_settled = !routed_last},
                 stream);
-  // Fused, gate_up_out holds act(gate) · up (rows, I), which the activation kernels only quantize.
-  activation_quantize_fp8({.gate_up = ws.gate_up_out.data<float>(), .interleaved = !fuse, .splits = gate_up_splits,
-                           .max_rows = rows, .codes = ws.act_fp8.data<uint8_t>(), .scale = ws.act_scale.data<float>(),
-                           .sums = ws.act_sums.data<float>(), .rows = rows, .intermediate = I,
-                           .activation = params.activation, .amax_in = glu_amax, .activated = fuse},
-                          params.communicator, ws.act_amax, stream);
+  activation_quantize_fp8(activation, params.communicator, ws.act_amax, stream);
   const int64_t down_splits = choose_k_splits(H, I, slots, rows, ws.num_sms);
   moe_gemm_w4a8({.weight_format = w.format, .weights = w.down.raw(), .weight_scale = w.down_scale.data<float>(),
                  .act = ws.act_fp8.data<uint8_t>(), .act_scale = ws.act_scale.data<float>(),

@@ -54,10 +54,10 @@ struct MoeWorkspace {
   // of it; false: gate_up's sums (over its K splits) then the activation kernels. Starts as
   // NIBBLE_MOE_FUSED_GLU (1 unless 0).
   bool fuse_activation = true;
-  // With the fused activation, each row's amax too (GemmW4A8Args::glu_amax, into act_amax, zeroed by
-  // the grouping), so that the activation kernels skip their own (the cluster kernel its exchange
-  // between blocks); single GPU or each rank's own amax (tp_local_amax) only. Starts as
-  // NIBBLE_MOE_GLU_AMAX (0 unless 1): not yet measured.
+  // With the fused activation, each row's amax over each warp tile too (GemmW4A8Args::glu_amax, into
+  // glu_part_amax), where the activation takes its cluster kernel: that kernel then takes the row's
+  // amax from the parts rather than from an exchange between its blocks; single GPU or each rank's own
+  // amax (tp_local_amax) only. Starts as NIBBLE_MOE_GLU_AMAX (0 unless 1): not yet measured.
   bool glu_amax = false;
   // gate_up's K splits on the decode path when not fused; 0: choose_k_splits's (a test or an experiment
   // may fix it).
@@ -78,6 +78,7 @@ struct MoeWorkspace {
   Tensor act_fp8;         // F8_E4M3 (T·K, I)
   Tensor act_scale;       // F32 (T·K)
   Tensor act_amax;        // F32 (T·K): rows' amax over ranks under tensor parallelism
+  Tensor glu_part_amax;   // F32 (rows the fused activation takes, I / 8): see glu_amax
   Tensor act_sums;        // F32 (T·K, I / 64)
   Tensor down_out;        // F32 (splits · T·K · H)
   // The prefill path's buffers: made with the workspace when max_tokens reaches the prefill threshold

@@ -650,8 +650,8 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
         if (p.glu) {
           // Rows g of the tile are gate channels, g + 8 the up ones of the same channels (kGluRows):
           // the values written as the unfused epilogue writes them, then act(0 + gate) · (0 + up) as
-          // the activation kernels compute them. With glu_amax, each row's amax over the warp's
-          // channels (the 8 lanes of one q share their rows) max-ed into it by lanes 0-3.
+          // the activation kernels compute them. With glu_amax, each row's amax over the warp's 8
+          // channels (the 8 lanes of one q share their rows) stored by lanes 0-3.
           float* out = p.out + first_row * (p.n / 2);
           const int64_t c16 = tile * 16 + g;
 #pragma unroll
@@ -668,8 +668,7 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
               float m = live ? fmaxf(0.0f, fabsf(h)) : 0.0f;  // NaN left out, as the activation kernels' max
 #pragma unroll
               for (int o = 4; o < 32; o *= 2) m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, o));
-              if (g == 0 && live)  // non-negative floats order as their bits
-                atomicMax(reinterpret_cast<int*>(p.glu_amax + first_row + row), __float_as_int(m));
+              if (g == 0 && live) p.glu_amax[(first_row + row) * (p.n / 16) + tile] = m;
             }
           }
         } else {

@@ -94,8 +94,8 @@ struct GemmW4A8Args {
   // activation_quantize_fp8 then quantizes (ActivationArgs::activated).
   bool glu = false;
   Activation glu_activation = Activation::kSilu;
-  // With glu: each row's amax of act(gate) · up max-ed into glu_amax[row] (F32, max_rows, zero before
-  // the launch: GroupArgs::zero_rows), for ActivationArgs::amax_in; nullptr: none.
+  // With glu: glu_amax (F32, max_rows × N/16) receives each row's amax of act(gate) · up over each
+  // warp tile's 8 channels (ActivationArgs::part_amax), for the rows the routing fills; nullptr: none.
   float* glu_amax = nullptr;
   // The routing (expert_offsets, active_experts) was written two or more launches back in the stream
   // (launch.h), so the producer may start the first stages' weight copies before the kernel before

@@ -192,7 +192,7 @@ constexpr int64_t kActMaxCols = kMaxCols / kActCluster;
 template <bool kOneSplit, int kAct, bool kBf16 = false>
 __global__ void __launch_bounds__(kActThreads) activation_kernel(const __grid_constant__ ActivationArgs p) {
   __shared__ __align__(16) float values[kActMaxCols];  // this block's columns, read as float4
-  __shared__ float reduce[32];
+  __shared__ float reduce[32], given_reduce[32];
   __shared__ float block_amax, row_amax, unused_scale;
   activation_dependency_wait(p);
   cg::cluster_group cluster = cg::this_cluster();
@@ -224,9 +224,15 @@ __global__ void __launch_bounds__(kActThreads) activation_kernel(const __grid_co
     reinterpret_cast<float4*>(values)[i] = v;
     amax = fmaxf(amax, fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
   }
-  if (p.amax_in != nullptr && p.amax_out == nullptr) {  // the row's amax given: no exchange
-    __syncthreads();                                     // this block's values written
-    quantize_row_fp8(values, cols, codes, scale_out, sums, reduce, fmaxf(p.amax_in[r], 1e-12f) / 448.0f);
+  if (p.amax_out == nullptr && (p.amax_in != nullptr || p.part_amax != nullptr)) {
+    // The row's amax given (reduced over the ranks, or in parts by gate_up's epilogue): no exchange
+    // between the cluster's blocks. block_amax's barrier also orders this block's values.
+    float given = 0.0f;
+    for (int64_t i = threadIdx.x; p.amax_in == nullptr && i < p.amax_parts; i += blockDim.x)
+      given = fmaxf(given, p.part_amax[r * p.amax_parts + i]);
+    given = p.amax_in != nullptr ? p.amax_in[r] : cuda::block_amax(given, given_reduce);
+    if (p.amax_in != nullptr) __syncthreads();
+    quantize_row_fp8(values, cols, codes, scale_out, sums, reduce, fmaxf(given, 1e-12f) / 448.0f);
     return;
   }
   // The block's amax, then the row's over the cluster's blocks.
@@ -335,6 +341,10 @@ ActivationKernel activation_kernel_for(const ActivationArgs& p) {
 
 }  // namespace
 
+bool activation_takes_cluster_kernel(const ActivationArgs& p) {
+  return activation_kernel_for(p) == ActivationKernel::kCluster;
+}
+
 void quantize_rows_fp8(const QuantizeRowsArgs& p, cudaStream_t stream) {
   check(p.cols > 0 && p.cols % (p.sums != nullptr ? kRowBlock : 16) == 0 && p.cols <= kMaxCols,
         "quantize_rows_fp8: ", p.cols, " columns");
@@ -375,6 +385,8 @@ void activation_quantize_fp8(const ActivationArgs& p, cudaStream_t stream) {
   check(!bf16 || p.splits == 1, "activation_quantize_fp8: a BF16 product has one split");
   check(!p.activated || (p.splits == 1 && !bf16 && p.row_scale == nullptr && !p.interleaved),
         "activation_quantize_fp8: an activated product is one F32 split, scaled, in order");
+  check(p.part_amax == nullptr || (p.activated && p.amax_parts >= 1),
+        "activation_quantize_fp8: the amax in parts comes with an activated product");
   const bool one_split = bf16 || ((p.one_split < 0 ? one_split_setting : p.one_split == 1) && p.splits == 1);
   // The kernel to launch: the one-split variant of p's activation (for p's product type), else the
   // general one; `variants` lists SiLU, GELU and GELU-tanh on F32 then on BF16, then the activated

@@ -76,9 +76,16 @@ struct ActivationArgs {
   // gate_up holds act(gate) · up already (max_rows, I), F32, scaled (the gate_up GEMM's fused
   // activation, GemmW4A8Args::glu): the kernels only quantize it, as they would have their own values.
   bool activated = false;
+  // Each row's amax in amax_parts parts (rows, amax_parts), F32 (GemmW4A8Args::glu_amax): the cluster
+  // kernel takes the row's from them rather than from an exchange between its blocks (the same max);
+  // the row kernel, which has the row in one block, ignores them. nullptr: none.
+  const float* part_amax = nullptr;
+  int64_t amax_parts = 0;
 };
 
 void activation_quantize_fp8(const ActivationArgs& args, cudaStream_t stream);
+// Whether activation_quantize_fp8(args) takes the cluster kernel (the one that reads part_amax).
+bool activation_takes_cluster_kernel(const ActivationArgs& args);
 // The same, with `communicator` (nullptr: a single GPU): unless tp_local_amax(), every rank's rows
 // quantized with the amax over all ranks, as one GPU holding the whole row would. amax: F32 scratch of
 // at least `rows`.

@@ -210,7 +210,6 @@ __device__ void group_pairs(const GroupArgs& p, int* counts, int* cursor, uint8_
   const int warp = static_cast<int>(threadIdx.x / 32), warps = static_cast<int>(blockDim.x / 32);
   const int lane = static_cast<int>(threadIdx.x % 32);
   const unsigned lanes_before = (1u << lane) - 1u;
-  for (int64_t i = threadIdx.x; p.zero_rows != nullptr && i < pairs; i += blockDim.x) p.zero_rows[i] = 0.0f;
   for (int e = threadIdx.x; e < p.experts; e += blockDim.x) counts[e] = 0;
   for (int j = threadIdx.x; j < warps * kMaxExperts; j += blockDim.x) warp_counts[j] = 0;
   __syncthreads();

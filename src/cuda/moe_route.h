@@ -47,8 +47,6 @@ struct GroupArgs {
   // tokens in one launch (blocks count themselves done; the last ones take the top-k and group, and
   // reset the counters).
   uint32_t* blocks_done = nullptr;
-  // (T·K) set to zero by the grouping (GemmW4A8Args::glu_amax), or nullptr.
-  float* zero_rows = nullptr;
 };
 
 void group_by_expert(const GroupArgs& args, cudaStream_t stream);

@@ -460,9 +460,10 @@ TEST(MoeLayerFp8, MatchesCpuTwin) {
 // before each run: equal bit for bit (the same activation values, so the same codes, scales and sums
 // and the same down projection), for tiles of 8 and 16 rows, INT4 and FP8 experts, SiLU, GELU and tanh
 // GELU, 8 and 64 experts; the calls the GEMM fuses do fuse (moe_w4a8_fuses_activation) and wider
-// tiles do not; and with the rows' amax from the epilogue too (MoeWorkspace::glu_amax: the cluster
-// and the row activation kernels given it). Together with MoeLayer.MatchesCpuTwin (fused where it
-// applies, by default), this pins the fused epilogue to the kernels the CPU twin checks.
+// tiles do not; and with the rows' amax in parts from the epilogue too (MoeWorkspace::glu_amax, taken
+// by the cluster activation kernel: up to 16 rows on 132 SMs, four of the cases here). Together
+// with MoeLayer.MatchesCpuTwin (fused where it applies, by default), this pins the fused epilogue to
+// the kernels the CPU twin checks.
 TEST(MoeLayerFused, EqualsTheActivationKernels) {
   SKIP_WITHOUT_GPU();
   struct Case {
@@ -474,6 +475,8 @@ TEST(MoeLayerFused, EqualsTheActivationKernels) {
                        Case{8, 2880, 512, 5, 2, Activation::kGelu, false},
                        Case{8, 1024, 512, 32, 2, Activation::kGeluTanh, false},
                        Case{64, 512, 256, 24, 8, Activation::kSilu, false},
+                       Case{64, 512, 256, 2, 8, Activation::kSilu, false},
+                       Case{8, 1024, 1408, 3, 2, Activation::kGeluTanh, true},
                        Case{8, 1024, 1408, 20, 2, Activation::kGelu, true},
                        Case{8, 1024, 1408, 300, 2, Activation::kSilu, false}}) {
     const int64_t E = c.E, H = c.H, I = c.I, T = c.T;
