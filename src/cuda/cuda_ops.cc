@@ -142,6 +142,10 @@ void CudaOps::sample(const Tensor& logits, const SampleSettings& settings, Tenso
   static const bool on_device = env_choice("NIBBLE_DEVICE_SAMPLING", {"0", "1"}) != "0";
   const bool filtered = settings.top_k.defined() || settings.top_p.defined();
   if (on_device && !filtered) return sample_rows(logits, settings.temperatures, settings.keys, out, stream_);
+  if (on_device)
+    return sample_filtered_rows(logits, settings.temperatures, settings.keys,
+                                settings.top_k.defined() ? &settings.top_k : nullptr,
+                                settings.top_p.defined() ? &settings.top_p : nullptr, out, stream_);
   const auto host = [&](const Tensor& t) { return t.defined() ? download(t) : Tensor(); };
   Tensor ids = Tensor::zeros(DType::kI32, {logits.dim(0)});
   Ops::sample(download(logits),

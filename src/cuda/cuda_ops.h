@@ -46,9 +46,9 @@ class CudaOps final : public Ops {
                                const Tensor& weight, float eps, Tensor& out) override;
   void scale(Tensor& x, float factor) override;
   void argmax(const Tensor& x, Tensor& out) override;
-  // On the device where no row filters (sampling.h; CudaSampling.GumbelSampleMatchesHost checks it
-  // against the host); top-k or top-p rows, or NIBBLE_DEVICE_SAMPLING=0: the host's Ops::sample on
-  // downloaded logits.
+  // On the device (sampling.h; CudaSampling.GumbelSampleMatchesHost and FilteredSampleMatchesHost check
+  // it against the host, token for token): a batch with top-k or top-p settings through the filtered
+  // kernel, else the plain one. NIBBLE_DEVICE_SAMPLING=0: the host's Ops::sample on downloaded logits.
   void sample(const Tensor& logits, const SampleSettings& settings, Tensor& out) override;
   void linear(const Tensor& x, const Linear& w, Tensor& out, Communicator* row_group = nullptr) override;
   void logits(const Tensor& x, const Tensor& rows, const Linear& w, Tensor& out) override;

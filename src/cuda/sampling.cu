@@ -38,7 +38,7 @@ __global__ void __launch_bounds__(kThreads)
   Best best{-INFINITY, INT_MAX};
   for (int64_t i = threadIdx.x; i < V; i += kThreads) {
     const double score = t == 0.0f ? static_cast<double>(row[i]) : gumbel_score(row[i], t, key, i);
-    best = better(best, {score, static_cast<int>(i)});  // NaN scores never win
+    if (score > -INFINITY) best = better(best, {score, static_cast<int>(i)});  // as the host's: NaN, -inf never win
   }
   for (int o = 16; o > 0; o /= 2) best = better(best, shuffle_xor(best, o));
   __shared__ Best warp_best[kThreads / 32];
@@ -47,7 +47,8 @@ __global__ void __launch_bounds__(kThreads)
   if (threadIdx.x < 32) {
     best = threadIdx.x < kThreads / 32 ? warp_best[threadIdx.x] : Best{-INFINITY, INT_MAX};
     for (int o = 16; o > 0; o /= 2) best = better(best, shuffle_xor(best, o));
-    if (threadIdx.x == 0) out[blockIdx.x] = best.index == INT_MAX ? 0 : best.index;  // a row of NaN only: 0
+    // A row of NaN and -inf only: 0, and so for a greedy row that starts with NaN (std::max_element).
+    if (threadIdx.x == 0) out[blockIdx.x] = best.index == INT_MAX || (t == 0.0f && row[0] != row[0]) ? 0 : best.index;
   }
 }
 

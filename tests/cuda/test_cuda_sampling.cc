@@ -1,9 +1,11 @@
 // Sampling on the GPU against the host: greedy (argmax.h) against Ops::argmax, on random rows with
 // planted ties (the lower index must win), -inf entries and a vocabulary that is no multiple of
-// anything; Gumbel-max draws (sampling.h) against Ops::sample, token for token.
+// anything; Gumbel-max draws (sampling.h) against Ops::sample, token for token, with top-k and top-p
+// filtering too.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <random>
 #include <vector>
 
 #include "core/counter_rng.h"
@@ -76,6 +78,113 @@ TEST(CudaSampling, GumbelSampleMatchesHost) {
       for (int64_t r = 0; r < rows; ++r)
         EXPECT_EQ(host.data<int32_t>()[r], want.data<int32_t>()[r])
             << "vocab " << vocab << " temperature " << temps[static_cast<std::size_t>(r)] << " draw " << draw;
+    }
+  }
+}
+
+// Row r of a (rows, vocab) batch with the pattern r % 10: plain normal logits (scale 3); quantized to halves
+// (ties at every cut); the largest value planted at a tenth of the tokens; NaN and -inf sprinkled (index 0
+// included); one +inf; zeros of both signs; -inf but for a few tokens; NaN only; -inf only; equal but for
+// a few.
+Tensor filtered_rows(int64_t rows, int64_t vocab, uint32_t seed) {
+  Tensor logits = random_f32({rows, vocab}, seed, 3.0f);
+  std::mt19937 rng(seed);
+  const auto pick = [&] { return static_cast<int64_t>(rng() % static_cast<uint32_t>(vocab)); };
+  for (int64_t r = 0; r < rows; ++r) {
+    float* x = logits.data<float>() + r * vocab;
+    switch (r % 10) {
+      case 0:
+        break;
+      case 1:
+        for (int64_t i = 0; i < vocab; ++i) x[i] = std::round(x[i] * 2.0f) / 2.0f;
+        break;
+      case 2:
+        for (int64_t i = 0; i < vocab; i += 10) x[i + r % std::min<int64_t>(10, vocab - i)] = 12.0f;
+        break;
+      case 3:
+        for (int64_t i = 0; i < vocab; ++i)
+          if (rng() % 8 == 0) x[i] = rng() % 2 == 0 ? NAN : -INFINITY;
+        x[0] = NAN;
+        break;
+      case 4:
+        x[pick()] = INFINITY;
+        break;
+      case 5:
+        for (int64_t i = 0; i < vocab; ++i) x[i] = rng() % 2 == 0 ? 0.0f : -0.0f;
+        break;
+      case 6:
+        for (int64_t i = 0; i < vocab; ++i) x[i] = -INFINITY;
+        for (int j = 0; j < 3; ++j) x[pick()] = static_cast<float>(j);
+        break;
+      case 7:
+        for (int64_t i = 0; i < vocab; ++i) x[i] = NAN;
+        break;
+      case 8:
+        for (int64_t i = 0; i < vocab; ++i) x[i] = -INFINITY;
+        break;
+      case 9:
+        for (int64_t i = 0; i < vocab; ++i) x[i] = 1.5f;
+        for (int j = 0; j < 4; ++j) x[pick()] = 1.5f + static_cast<float>(j % 2 == 0 ? 1 : -1);
+        break;
+    }
+  }
+  return logits;
+}
+
+// Top-k and top-p (sampling_filtered.cu) against Ops::sample on the host, token for token: the rows of
+// filtered_rows under mixed settings in one batch (temperature 0 too, k 1, k past the vocabulary, top_p
+// from 1e-4 to 1, rows without a limit), top_k or top_p alone, over many keys; then once through
+// CudaOps::sample.
+TEST(CudaSampling, FilteredSampleMatchesHost) {
+  SKIP_WITHOUT_GPU();
+  const std::vector<float> temps = {0.0f, 0.3f, 1.0f, 2.0f};
+  const std::vector<float> top_ps = {1.0f, 0.0001f, 0.5f, 0.9f, 0.999999f};
+  const int64_t rows = 40;
+  for (const int64_t vocab : {1, 7, 1000, 32000, 151936}) {
+    const std::vector<int64_t> top_ks = {0, 1, 2, 5, 50, vocab - 1, vocab, vocab + 5, 1 << 30};
+    const Tensor logits = filtered_rows(rows, vocab, static_cast<uint32_t>(vocab) + 7);
+    const Tensor d_logits = cuda::upload(logits);
+    CpuOps cpu;
+    for (uint64_t draw = 0; draw < 12; ++draw) {
+      Tensor temperatures = Tensor::zeros(DType::kF32, {rows}), keys = Tensor::zeros(DType::kI64, {rows});
+      Tensor top_k = Tensor::zeros(DType::kI32, {rows}), top_p = Tensor::zeros(DType::kF32, {rows});
+      for (int64_t r = 0; r < rows; ++r) {
+        const auto at = static_cast<std::size_t>(r) + draw;
+        temperatures.data<float>()[r] = temps[at % temps.size()];
+        top_k.data<int32_t>()[r] = static_cast<int32_t>(top_ks[(at / 2 + draw) % top_ks.size()]);
+        top_p.data<float>()[r] = top_ps[(at / 3 + 2 * draw) % top_ps.size()];
+        keys.data<int64_t>()[r] = static_cast<int64_t>(splitmix64(draw * 7919 + static_cast<uint64_t>(r)));
+      }
+      // Both limits, top_k alone, top_p alone.
+      const bool with_k = draw % 3 != 2, with_p = draw % 3 != 1;
+      Tensor want = Tensor::zeros(DType::kI32, {rows});
+      cpu.sample(logits,
+                 {.temperatures = temperatures,
+                  .keys = keys,
+                  .top_k = with_k ? top_k : Tensor(),
+                  .top_p = with_p ? top_p : Tensor()},
+                 want);
+      const Tensor d_top_k = cuda::upload(top_k), d_top_p = cuda::upload(top_p);
+      Tensor got = poisoned(DType::kI32, {rows});
+      cuda::sample_filtered_rows(d_logits, cuda::upload(temperatures), cuda::upload(keys), with_k ? &d_top_k : nullptr,
+                                 with_p ? &d_top_p : nullptr, got, cuda::compute_stream());
+      const Tensor host = cuda::download(got);
+      for (int64_t r = 0; r < rows; ++r)
+        EXPECT_EQ(host.data<int32_t>()[r], want.data<int32_t>()[r])
+            << "vocab " << vocab << " row " << r << " draw " << draw << " temperature " << temperatures.data<float>()[r]
+            << " top_k " << (with_k ? top_k.data<int32_t>()[r] : 0) << " top_p "
+            << (with_p ? top_p.data<float>()[r] : 1.0f);
+      if (draw == 0) {  // through the backend (unless NIBBLE_DEVICE_SAMPLING=0, then on the host)
+        cuda::CudaOps gpu;
+        Tensor via_ops = poisoned(DType::kI32, {rows});
+        gpu.sample(
+            d_logits,
+            {.temperatures = gpu.upload(temperatures), .keys = gpu.upload(keys), .top_k = d_top_k, .top_p = d_top_p},
+            via_ops);
+        const Tensor back = gpu.download(via_ops);
+        for (int64_t r = 0; r < rows; ++r)
+          EXPECT_EQ(back.data<int32_t>()[r], want.data<int32_t>()[r]) << "CudaOps vocab " << vocab << " row " << r;
+      }
     }
   }
 }
