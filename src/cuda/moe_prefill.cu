@@ -2,8 +2,8 @@
 // scratch, chunks of padded rows that fit the buffers, and per chunk: gather-quantize -> one
 // cuBLASLt gate_up GEMM per expert (F32 or BF16) -> scaled SiLU·mul + FP8 quant -> one down GEMM per expert
 // (BF16 or F32) into the window's down product; per window of chunks: scaled combine. Each active
-// expert is dequantized once a call (with two weight buffers, a group ahead on a side stream); the
-// per-expert GEMMs of a chunk run on kPrefillStreams side streams.
+// expert is dequantized once a call; the per-expert GEMMs of a chunk run on kPrefillStreams side
+// streams.
 #include "cuda/moe_prefill.h"
 
 #include <algorithm>
@@ -101,12 +101,7 @@ bool moe_prefill_preferred(int64_t tokens, int64_t top_k, int64_t experts) {
 MoePrefillWorkspace::MoePrefillWorkspace(int64_t E, int64_t H, int64_t I, int64_t max_tokens,
                                          int64_t K, const PrefillOptions& options) {
   const int64_t rows = max_tokens * K, padded = max_padded_rows(rows, E);
-  static const std::string overlap_setting = env_choice("NIBBLE_MOE_PREFILL_OVERLAP", {"0", "1"});
-  const bool overlap = overlap_setting.empty() ? options.overlap_dequant : overlap_setting == "1";
-  // Two buffers where each holds at least one expert and the experts take more than one.
-  const int64_t fit = options.weight_scratch_bytes / (3 * I * H);
-  buffers = overlap && fit >= 2 && fit < E ? 2 : 1;
-  slots = std::clamp<int64_t>(fit / buffers, 1, E);
+  slots = std::clamp<int64_t>(options.weight_scratch_bytes / (3 * I * H), 1, E);
   const int64_t all_rows = round_up(padded, kPrefillRowQuantum);
   static const std::string gate_up_setting = env_choice("NIBBLE_MOE_GATE_UP_PRODUCT", {"f32", "bf16"});
   const DType gate_up_product = gate_up_setting == "f32"    ? DType::kF32
@@ -124,8 +119,8 @@ MoePrefillWorkspace::MoePrefillWorkspace(int64_t E, int64_t H, int64_t I, int64_
   const auto down_row_bytes = H * static_cast<int64_t>(dtype_size(options.down_product));
   window_rows = options.down_bytes / down_row_bytes / kPrefillRowQuantum * kPrefillRowQuantum;
   window_rows = std::min(std::max(window_rows, chunk_rows), all_rows);
-  gate_up_weights = empty(DType::kF8E4M3, {buffers * slots, 2 * I, H});
-  down_weights = empty(DType::kF8E4M3, {buffers * slots, H, I});
+  gate_up_weights = empty(DType::kF8E4M3, {slots, 2 * I, H});
+  down_weights = empty(DType::kF8E4M3, {slots, H, I});
   padded_offsets = empty(DType::kI32, {E + 1});
   row_token = empty(DType::kI32, {padded});
   row_expert = empty(DType::kI32, {padded});
@@ -144,11 +139,6 @@ MoePrefillWorkspace::MoePrefillWorkspace(int64_t E, int64_t H, int64_t I, int64_
   cublas_check(cublasLtCreate(&lt));
   for (cudaStream_t& s : streams) cuda_check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   for (cudaEvent_t& e : events) cuda_check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-  if (buffers == 2) {
-    cuda_check(cudaStreamCreateWithFlags(&dequant_stream, cudaStreamNonBlocking));
-    for (cudaEvent_t& e : buffer_loaded) cuda_check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-    for (cudaEvent_t& e : buffer_free) cuda_check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-  }
   cuda_check(cudaMallocHost(&host_offsets, 2 * (E + 1) * sizeof(int32_t)));
   // The buffers come from compute_stream's pool; the side streams may touch them first.
   cuda_check(cudaStreamSynchronize(compute_stream()));
@@ -156,12 +146,8 @@ MoePrefillWorkspace::MoePrefillWorkspace(int64_t E, int64_t H, int64_t I, int64_
 
 MoePrefillWorkspace::~MoePrefillWorkspace() {
   plans.clear();
-  for (const auto* list : {&buffer_loaded, &buffer_free})
-    for (cudaEvent_t e : *list)
-      if (e != nullptr) cudaEventDestroy(e);
   for (cudaEvent_t e : events)
     if (e != nullptr) cudaEventDestroy(e);
-  if (dequant_stream != nullptr) cudaStreamDestroy(dequant_stream);
   for (cudaStream_t s : streams)
     if (s != nullptr) cudaStreamDestroy(s);
   if (lt != nullptr) cublasLtDestroy(lt);
@@ -222,64 +208,40 @@ void moe_prefill(const Tensor& x, const MoeWeightsW4A8& w, const MoeParams& para
     return v.empty() ? kPrefillStreams : std::min(kPrefillStreams, std::stoi(v));
   }();
 
-  // Group g's experts -> its buffer's slots, one launch per run of consecutive ids, on `s`.
   auto* gate_up_weights = pf.gate_up_weights.data<uint8_t>();
   auto* down_weights = pf.down_weights.data<uint8_t>();
-  const auto active_count = static_cast<int64_t>(active.size());
-  const int64_t groups = (active_count + pf.slots - 1) / pf.slots;
-  const auto first_slot = [&](int64_t g) { return (g % pf.buffers) * pf.slots; };
-  const auto dequantize_group = [&](int64_t g, cudaStream_t s) {
-    const auto group_begin = active.begin() + g * pf.slots;
-    const auto group_end = active.begin() + std::min((g + 1) * pf.slots, active_count);
-    for (auto run = group_begin; run != group_end;) {
-      auto run_end = run + 1;
-      while (run_end != group_end && *run_end == *(run_end - 1) + 1) ++run_end;
-      const int64_t slot = first_slot(g) + (run - group_begin), count = run_end - run;
-      dequantize_experts_fp8({.format = w.format,
-                              .weights = w.gate_up.raw(),
-                              .out = gate_up_weights + slot * 2 * I * H,
-                              .first = *run,
-                              .count = count,
-                              .n = 2 * I,
-                              .k = H},
-                             s);
-      dequantize_experts_fp8({.format = w.format,
-                              .weights = w.down.raw(),
-                              .out = down_weights + slot * H * I,
-                              .first = *run,
-                              .count = count,
-                              .n = H,
-                              .k = I},
-                             s);
-      run = run_end;
-    }
-  };
-  // Two buffers: group g + 1 dequantizes on the side stream once the GEMMs of group g − 1 (the last
-  // work queued on `stream` before group g's) are done with its buffer; group g's GEMMs wait for their
-  // own buffer's dequantization. Every dequantization is waited for by `stream` within the call.
-  const auto load_ahead = [&](int64_t g) {
-    const int64_t b = g % 2;
-    cuda_check(cudaEventRecord(pf.buffer_free[b], stream));
-    cuda_check(cudaStreamWaitEvent(pf.dequant_stream, pf.buffer_free[b], 0));
-    dequantize_group(g, pf.dequant_stream);
-    cuda_check(cudaEventRecord(pf.buffer_loaded[b], pf.dequant_stream));
-  };
   int64_t loaded_group = -1;
   for (std::size_t c = 0; c < chunks.size(); ++c) {
     const PrefillChunk& chunk = chunks[c];
     const auto group_begin = active.begin() + chunk.group * pf.slots;
-    const auto group_end = active.begin() + std::min((chunk.group + 1) * pf.slots, active_count);
+    const auto group_end = active.begin() + std::min<int64_t>((chunk.group + 1) * pf.slots,
+                                                              static_cast<int64_t>(active.size()));
+    // A new group's experts -> slots 0.., one launch per run of consecutive ids.
     if (chunk.group != loaded_group) {
-      if (pf.buffers == 1) {
-        dequantize_group(chunk.group, stream);
-      } else {
-        if (chunk.group == 0) load_ahead(0);
-        if (chunk.group + 1 < groups) load_ahead(chunk.group + 1);
-        cuda_check(cudaStreamWaitEvent(stream, pf.buffer_loaded[chunk.group % 2], 0));
+      for (auto run = group_begin; run != group_end;) {
+        auto run_end = run + 1;
+        while (run_end != group_end && *run_end == *(run_end - 1) + 1) ++run_end;
+        const int64_t slot = run - group_begin, count = run_end - run;
+        dequantize_experts_fp8({.format = w.format,
+                                .weights = w.gate_up.raw(),
+                                .out = gate_up_weights + slot * 2 * I * H,
+                                .first = *run,
+                                .count = count,
+                                .n = 2 * I,
+                                .k = H},
+                               stream);
+        dequantize_experts_fp8({.format = w.format,
+                                .weights = w.down.raw(),
+                                .out = down_weights + slot * H * I,
+                                .first = *run,
+                                .count = count,
+                                .n = H,
+                                .k = I},
+                               stream);
+        run = run_end;
       }
       loaded_group = chunk.group;
     }
-    const int64_t slot0 = first_slot(chunk.group);
     const int64_t rows = chunk.end - chunk.begin;
     quantize_rows_fp8({.x = x.raw(),
                        .codes = pf.x_fp8.data<uint8_t>(),
@@ -312,7 +274,7 @@ void moe_prefill(const Tensor& x, const MoeWeightsW4A8& w, const MoeParams& para
     const bool f32_gate_up = pf.gate_up.dtype() == DType::kF32;
     for_each_expert([&](int64_t slot, int64_t row, int64_t n, void* scratch, cudaStream_t s) {
       pf.plan(2 * I, n, H, pf.gate_up.dtype())
-          .run(gate_up_weights + (slot0 + slot) * 2 * I * H, pf.x_fp8.data<uint8_t>() + row * H,
+          .run(gate_up_weights + slot * 2 * I * H, pf.x_fp8.data<uint8_t>() + row * H,
                static_cast<char*>(pf.gate_up.raw()) +
                    row * 2 * I * static_cast<int64_t>(dtype_size(pf.gate_up.dtype())),
                1.0f, scratch, s);
@@ -335,7 +297,7 @@ void moe_prefill(const Tensor& x, const MoeWeightsW4A8& w, const MoeParams& para
                             params.communicator, pf.act_amax, stream);
     for_each_expert([&](int64_t slot, int64_t row, int64_t n, void* scratch, cudaStream_t s) {
       pf.plan(H, n, I, pf.down.dtype())
-          .run(down_weights + (slot0 + slot) * H * I, pf.act_fp8.data<uint8_t>() + row * I,
+          .run(down_weights + slot * H * I, pf.act_fp8.data<uint8_t>() + row * I,
                static_cast<char*>(pf.down.raw()) +
                    (in_window + row) * H * static_cast<int64_t>(dtype_size(pf.down.dtype())),
                1.0f, scratch, s);

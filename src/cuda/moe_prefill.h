@@ -58,11 +58,6 @@ struct PrefillOptions {
   // against 39037.7), its relative L2 error against the CPU twin 1.47e-2 against 3.2e-3
   // (MoeLayerPrefill). So F32 stays the default.
   DType gate_up_product = DType::kF32;
-  // Two weight buffers of half the scratch each (NIBBLE_MOE_PREFILL_OVERLAP=1 or 0 overrides it): the
-  // next group of experts dequantizes on a side stream into one while the GEMMs read the other, so
-  // the dequantization's bytes stream while the tensor cores work; else one buffer, each group
-  // dequantized on the compute stream before its GEMMs. Not yet measured (bench/RESULTS.md).
-  bool overlap_dequant = false;
 };
 
 // Rows are "padded rows": expert e's routed pairs at padded_offsets[e] .. + count, then padding up
@@ -79,12 +74,11 @@ struct MoePrefillWorkspace {
   // in_features)ᵀ, D in `product` (F32 or BF16).
   LtFp8Gemm& plan(int64_t out_features, int64_t rows, int64_t in_features, DType product);
 
-  int64_t slots = 0;        // experts a weight buffer holds (a group's)
-  int64_t buffers = 1;      // weight buffers: 2 where the next group dequantizes while one computes
+  int64_t slots = 0;        // experts the weight scratch holds
   int64_t chunk_rows = 0;   // padded rows a chunk buffer holds, a multiple of kPrefillRowQuantum
   int64_t window_rows = 0;  // padded rows the down product holds, at least chunk_rows
-  Tensor gate_up_weights;   // F8_E4M3 (buffers · slots, 2I, H) row-major
-  Tensor down_weights;      // F8_E4M3 (buffers · slots, H, I) row-major
+  Tensor gate_up_weights;   // F8_E4M3 (slots, 2I, H) row-major
+  Tensor down_weights;      // F8_E4M3 (slots, H, I) row-major
   Tensor padded_offsets;    // I32 (E + 1)
   Tensor row_token;         // I32 (max padded rows): token of each padded row, -1 for padding
   Tensor row_expert;        // I32 (max padded rows): expert of each padded row, -1 for padding
@@ -102,9 +96,6 @@ struct MoePrefillWorkspace {
   cublasLtHandle_t lt = nullptr;
   std::array<cudaStream_t, kPrefillStreams> streams{};    // non-blocking side streams
   std::array<cudaEvent_t, kPrefillStreams + 1> events{};  // [0] fork, [1 + i] join of streams[i]
-  cudaStream_t dequant_stream = nullptr;                  // two buffers: the next group's dequantization
-  std::array<cudaEvent_t, 2> buffer_loaded{};             // a buffer's dequantization done
-  std::array<cudaEvent_t, 2> buffer_free{};               // a buffer's last GEMM done
   int32_t* host_offsets = nullptr;  // pinned (2·(E + 1)): expert offsets, then padded offsets
   std::map<std::tuple<int64_t, int64_t, int64_t, DType>, std::unique_ptr<LtFp8Gemm>> plans;
 };

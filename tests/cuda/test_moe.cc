@@ -273,8 +273,7 @@ TEST_P(MoeLayer, MatchesCpuTwin) {
 // Scratch small enough that the prefill path takes several expert groups (5 experts of 64 in the
 // weight scratch), several row chunks per group (160 padded rows) and several combine windows (320
 // rows of BF16, 160 of F32), so every combine pass (first, middle, last) runs; with the down product
-// in BF16 (the default) and in F32, and the gate_up product in F32 (the default) and in BF16; and
-// with two weight buffers of 5 experts (the next group dequantized on a side stream during the GEMMs).
+// in BF16 (the default) and in F32, and the gate_up product in F32 (the default) and in BF16.
 TEST(MoeLayerPrefill, ChunkedMatchesCpuTwin) {
   SKIP_WITHOUT_GPU();
   const int64_t E = 64, H = 512, I = 256, T = 1000, top_k = 8;
@@ -283,22 +282,17 @@ TEST(MoeLayerPrefill, ChunkedMatchesCpuTwin) {
                   .experts = {.format = WeightFormat::kInt4, .num_experts = E, .hidden_size = H,
                               .intermediate_size = I, .gate_up = gate_up.packed, .gate_up_scale = gate_up.scale,
                               .down = down.packed, .down_scale = down.scale}};
-  for (const auto& [product, gate_up_product, overlap] : std::vector<std::tuple<DType, DType, bool>>{
-           {DType::kBF16, DType::kF32, false},
-           {DType::kF32, DType::kF32, false},
-           {DType::kBF16, DType::kBF16, false},
-           {DType::kBF16, DType::kF32, true}}) {
+  for (const auto& [product, gate_up_product] : std::vector<std::pair<DType, DType>>{
+           {DType::kBF16, DType::kF32}, {DType::kF32, DType::kF32}, {DType::kBF16, DType::kBF16}}) {
     const cuda::PrefillOptions options{
-        .weight_scratch_bytes = (overlap ? 10 : 5) * 3 * I * H,
+        .weight_scratch_bytes = 5 * 3 * I * H,
         .buffer_bytes = 160 * 2 * I * static_cast<int64_t>(dtype_size(gate_up_product)),
         .down_bytes = 320 * H * 2,
         .down_product = product,
-        .gate_up_product = gate_up_product,
-        .overlap_dequant = overlap};
+        .gate_up_product = gate_up_product};
     const LayerErrors err = layer_error(host, {.top_k = top_k}, T, options);
     std::cout << "chunked prefill E=" << E << " H=" << H << " I=" << I << " T=" << T << " gate_up product "
-              << dtype_name(gate_up_product) << ", down product " << dtype_name(product)
-              << (overlap ? ", two weight buffers" : "") << ": ";
+              << dtype_name(gate_up_product) << ", down product " << dtype_name(product) << ": ";
     print_errors(err);
     expect_layer_bounds(err, gate_up_product == DType::kBF16 ? 2e-2 : 1e-2);
   }
