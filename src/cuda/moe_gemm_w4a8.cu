@@ -96,6 +96,16 @@ constexpr int kMmaMaxTokenTiles = 0;
 #ifndef NIBBLE_MOE_BLOCKS_2G
 #define NIBBLE_MOE_BLOCKS_2G 2
 #endif
+// Two consumer warpgroups take turns at the tensor cores: each issues a stage's chain only after the
+// other has issued its own (a build define, -DNIBBLE_MOE_TURNS=0 for an A/B). Measured on an H200
+// (bench/RESULTS.md, twenty-third session, the layer graph-replayed, µs without / with): Mixtral 32
+// tokens 209.2 / 207.9, 128 357.3 / 354.1, 256 514.7 / 506.2, 1024 1378.7 / 1349.4; Grok-1 tp 2 256
+// 834.7 / 813.0, 1024 2175.3 / 2154.8. It was a launch argument then, and the branch on it made ptxas
+// serialize the wgmmas of the two-group tiles of 8 to 32 rows (C7520: a `WARPGROUP.DEPBAR` after each
+// QGMMA; Mixtral's and Grok-1's gate_up at 17 to 32 tokens); a constant keeps their chains asynchronous.
+#ifndef NIBBLE_MOE_TURNS
+#define NIBBLE_MOE_TURNS 1
+#endif
 
 // The narrowest wgmma chain a chunk of `rows` live rows takes (GemmW4A8Args::narrow_chains): f is
 // called with std::integral_constant<int, N> for the least multiple N of kStep that holds them (kMax at
@@ -411,12 +421,12 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
   // one call, runs interleaved, Mixtral-8x7B W4A8 ms a step (bench/RESULTS.md, twenty-first session):
   // batch 1 3.34, 3.34 against 3.37, 3.40; batch 8 7.54 against 7.61; batch 32 9.47, 9.53 against 9.53,
   // 9.66; Grok-1 shaped as one rank of tp 2, batch 32, 27.08 against 27.36.
-  // Two consumer warpgroups take turns at the tensor cores (GemmW4A8Args::turns): each issues a stage's
+  // Two consumer warpgroups take turns at the tensor cores (NIBBLE_MOE_TURNS, above): each issues a stage's
   // chain only after the other has issued its own, so that one group's chain runs while the other waits
   // for its last, adds it to its sums and readies its next operands. Named barrier 2 + w holds
   // warpgroup w until the other has issued; group 1 lets group 0 go first, and group 0 takes group 1's
   // last arrival after the walk.
-  const bool turns = kGroups == 2 && !kMma && p.turns;
+  constexpr bool turns = kGroups == 2 && !kMma && NIBBLE_MOE_TURNS;
   const int group_in_block = warp / 4;
   if (turns && group_in_block == 1) ptx::named_barrier_arrive(2, kConsumers);
   const uint32_t full0 = __shfl_sync(0xFFFFFFFFu, ptx::smem_address(&sm.full[0]), 0);
@@ -536,7 +546,7 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
       auto chain = [&](auto width) {
         constexpr int kN = decltype(width)::value;
         float(&dn)[kN / 2] = *reinterpret_cast<float(*)[kN / 2]>(&d[0]);
-        if (turns) ptx::named_barrier_sync(2 + group_in_block, kConsumers);
+        if constexpr (turns) ptx::named_barrier_sync(2 + group_in_block, kConsumers);
         wgmma::fence();
 #pragma unroll
         for (int b = 0; b < kBlocksPerStage; ++b) {
@@ -551,7 +561,7 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
           }
         }
         wgmma::commit();
-        if (turns) ptx::named_barrier_arrive(2 + (group_in_block ^ 1), kConsumers);
+        if constexpr (turns) ptx::named_barrier_arrive(2 + (group_in_block ^ 1), kConsumers);
         wgmma::wait<0>();
 #pragma unroll
         for (int j = 0; j < kN / 2; ++j) acc[j] += dn[j];
@@ -754,11 +764,6 @@ void launch(const GemmW4A8Args& p, cudaStream_t stream) {
   // Measured on an H200 (bench/RESULTS.md, nineteenth session, Mixtral-8x7B W4A8 decode, ms a step,
   // evict first / normal): batch 1 3.35-3.39 / 3.42-3.44, batch 8 7.89-7.92 / 7.95, batch 32 equal.
   static const bool evict_first = env_or("NIBBLE_MOE_EVICT_FIRST", 1) != 0;
-  // Two consumer warpgroups take turns at the tensor cores unless NIBBLE_MOE_TURNS=0. Measured on an
-  // H200 (bench/RESULTS.md, twenty-third session, nibble-bench-moe, the layer graph-replayed, µs without
-  // / with): Mixtral 32 tokens 209.2 / 207.9, 128 357.3 / 354.1, 256 514.7 / 506.2, 1024 1378.7 /
-  // 1349.4; Grok-1 tp 2 256 834.7 / 813.0, 1024 2175.3 / 2154.8.
-  static const bool turns = env_or("NIBBLE_MOE_TURNS", 1) != 0;
   // 128-row tiles multiply only a chunk's live rows (rounded up to 32) unless NIBBLE_MOE_NARROW_CHAINS=0.
   static const bool narrow_chains = env_or("NIBBLE_MOE_NARROW_CHAINS", 1) != 0;
   GemmW4A8Args args = p;
@@ -766,7 +771,6 @@ void launch(const GemmW4A8Args& p, cudaStream_t stream) {
   args.early_l2_stages = early_l2_stages;
   args.leave_out = leave_out;
   args.evict_first = evict_first;
-  args.turns = turns;
   args.narrow_chains = narrow_chains;
   // wgmma tiles: the activations in sorted order as a tensor map, boxes of a chunk's rows × 128 bytes.
   ActMap<kMma> act_map{};

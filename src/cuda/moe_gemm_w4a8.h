@@ -80,8 +80,6 @@ struct GemmW4A8Args {
                                 // math, 2 the activation copies, 4 the weight copies
   bool evict_first = false;     // set by the launch (NIBBLE_MOE_EVICT_FIRST, 1 by default): the weights'
                                 // copies ask L2 to evict them first
-  bool turns = false;           // set by the launch (NIBBLE_MOE_TURNS, 1 by default): two consumer
-                                // warpgroups issue their stages' tensor-core chains in turn
   bool narrow_chains = false;   // set by the launch (NIBBLE_MOE_NARROW_CHAINS, 1 by default): tiles
                                 // of 64 and 128 rows multiply only a chunk's live rows, rounded up to 32
   int consumer_groups = 0;      // wgmma consumer warpgroups a block, 1 or 2 (INT4 only); 0: the
