@@ -51,6 +51,13 @@ constexpr int kUnitsPerSm = 6;
 // / 16 / 13 stages); Mixtral-8x7B decode at batch 1 3.67 ms a step at 3 units against 3.77.
 constexpr int kMinUnitStages = 14;
 constexpr int kMinUnitsPerSm = 2;
+// The 128-row tiles' K splits aim at this many 128-row chunks an SM instead (choose_k_splits). Measured
+// on an H100 (bench/RESULTS.md, thirtieth session, the layer graph-replayed, µs, two rounds, against 6
+// units an SM): Mixtral 256 tokens 491.1, 489.0 (its down projection in 2 splits; 1 chunk an SM, 1
+// split: 485.3, 488.0) against 497.1, 495.8 (4 splits); Grok-1 tp 2 256 765.6, 766.7 against 785.1,
+// 781.1 (1 split, 3 before); at 1024 tokens (1 split, 4 and 3 before) Mixtral 1366.1, 1370.4 against 1372.0,
+// 1370.7, Grok-1 tp 2 2189.7, 2188.6 against 2179.8, 2178.4.
+constexpr int kWideUnitsPerSm = 2;
 // With settled routing, stages past the first kStages whose weights L2 is asked for before the grid
 // dependency wait; NIBBLE_MOE_EARLY_L2_STAGES overrides it (tuning). Measured on an H200
 // (bench/RESULTS.md, 2026-11-30, nibble-bench-moe, the MoE layer graph-replayed, µs at 0 / 4 / 8
@@ -838,10 +845,10 @@ int64_t choose_k_splits(int64_t n, int64_t k, int64_t expert_slots, int64_t rows
   const int64_t pairs = expert_slots * ((n / 16 + warps - 1) / warps);  // (expert, a block's channels)
   static const int units_per_sm = env_or("NIBBLE_MOE_UNITS_PER_SM", kUnitsPerSm);
   const int64_t most = std::max<int64_t>(1, kblocks / kBlocksPerStage);
-  // 128-row tiles (one block an SM) with NIBBLE_MOE_WIDE_UNITS_PER_SM=u > 0: as few splits as give the
-  // GPU u chunks an SM, counting each expert's 128-row chunks (an experiment: every split writes its
-  // F32 sums out, which the combine reads back).
-  static const int wide_units_per_sm = env_or("NIBBLE_MOE_WIDE_UNITS_PER_SM", 0);
+  // 128-row tiles (one block an SM): as few splits as give the GPU kWideUnitsPerSm chunks an SM,
+  // counting each expert's 128-row chunks (every split writes its F32 sums out for the combine);
+  // NIBBLE_MOE_WIDE_UNITS_PER_SM overrides it, 0 the rule of the other tiles below.
+  static const int wide_units_per_sm = env_or("NIBBLE_MOE_WIDE_UNITS_PER_SM", kWideUnitsPerSm);
   if (token_tiles == 16 && wide_units_per_sm > 0) {
     const int64_t per_expert = (rows + expert_slots - 1) / expert_slots;
     const int64_t chunks = pairs * ((per_expert + 127) / 128);

@@ -301,8 +301,9 @@ TEST(MoeLayerPrefill, ChunkedMatchesCpuTwin) {
 // The prefill path's host plan (no GPU needed): padded offsets, expert groups, chunks and windows
 // for random expert loads (some experts empty), checked against their definitions.
 // The decode GEMM's K splits (host only): aimed at 6 units an SM, but each split keeps at least 14
-// stages of 256 K unless the GPU would then hold fewer than 2 units an SM. Hand-derived from that
-// rule on 132 SMs (bench/RESULTS.md, twelfth session, measured the one-token cases).
+// stages of 256 K unless the GPU would then hold fewer than 2 units an SM; 128-row tiles aim at 2
+// chunks an SM. Hand-derived from those rules on 132 SMs (bench/RESULTS.md: the twelfth session
+// measured the one-token cases, the thirtieth the 128-row ones).
 TEST(ChooseKSplits, KeepsUnitsLongUnlessTheGpuWouldStarve) {
   struct Case {
     const char* what;
@@ -322,6 +323,13 @@ TEST(ChooseKSplits, KeepsUnitsLongUnlessTheGpuWouldStarve) {
            Case{"Grok-1 tp 2 down, 1 token", 6144, 16384, 8, 2, 1, 4},
            // 8 slots × 64 groups = 512 pairs ask 2 splits of 56 K blocks (14 stages): allowed.
            Case{"DeepSeek-V3 gate_up, 1 token", 4096, 7168, 256, 8, 1, 2},
+           // 128-row tiles (over 32 rows an expert) aim at 2 chunks an SM: 8 slots × 32 groups of 128
+           // channels, one 64-row chunk each, ask 2 splits (6 units an SM would ask 4).
+           Case{"Mixtral down, 256 tokens", 4096, 14336, 8, 2, 256, 2},
+           // 256 rows an expert: 2 chunks each, 512 chunks fill the GPU unsplit.
+           Case{"Mixtral down, 1024 tokens", 4096, 14336, 8, 2, 1024, 1},
+           // 8 × 48 groups = 384 chunks: unsplit.
+           Case{"Grok-1 tp 2 down, 256 tokens", 6144, 16384, 8, 2, 256, 1},
        }) {
     const int64_t rows = c.tokens * c.top_k, slots = std::min(c.experts, rows);
     EXPECT_EQ(cuda::choose_k_splits(c.n, c.k, slots, rows, 132), c.splits) << c.what;
