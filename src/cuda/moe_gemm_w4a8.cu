@@ -845,6 +845,10 @@ int64_t choose_k_splits(int64_t n, int64_t k, int64_t expert_slots, int64_t rows
   const int64_t pairs = expert_slots * ((n / 16 + warps - 1) / warps);  // (expert, a block's channels)
   static const int units_per_sm = env_or("NIBBLE_MOE_UNITS_PER_SM", kUnitsPerSm);
   const int64_t most = std::max<int64_t>(1, kblocks / kBlocksPerStage);
+  auto no_empty_split = [&](int64_t splits) {
+    const int64_t per_split = (kblocks + splits - 1) / splits;
+    return (kblocks + per_split - 1) / per_split;
+  };
   // 128-row tiles (one block an SM): as few splits as give the GPU kWideUnitsPerSm chunks an SM,
   // counting each expert's 128-row chunks (every split writes its F32 sums out for the combine);
   // NIBBLE_MOE_WIDE_UNITS_PER_SM overrides it, 0 the rule of the other tiles below.
@@ -853,17 +857,11 @@ int64_t choose_k_splits(int64_t n, int64_t k, int64_t expert_slots, int64_t rows
     const int64_t per_expert = (rows + expert_slots - 1) / expert_slots;
     const int64_t chunks = pairs * ((per_expert + 127) / 128);
     const int64_t target = int64_t{num_sms} * wide_units_per_sm;
-    const int64_t splits = std::clamp<int64_t>((target + chunks - 1) / chunks, 1, most);
-    const int64_t per_split = (kblocks + splits - 1) / splits;
-    return (kblocks + per_split - 1) / per_split;
+    return no_empty_split(std::clamp<int64_t>((target + chunks - 1) / chunks, 1, most));
   }
   static const int min_unit_stages = std::max(1, env_or("NIBBLE_MOE_MIN_UNIT_STAGES", kMinUnitStages));
   const int64_t long_units = std::max<int64_t>(kblocks / (kBlocksPerStage * min_unit_stages),
                                                (int64_t{num_sms} * kMinUnitsPerSm + pairs - 1) / pairs);
-  auto no_empty_split = [&](int64_t splits) {
-    const int64_t per_split = (kblocks + splits - 1) / splits;
-    return (kblocks + per_split - 1) / per_split;
-  };
   const int64_t target = static_cast<int64_t>(num_sms) * units_per_sm;
   return no_empty_split(std::clamp<int64_t>(std::min((target + pairs - 1) / pairs, long_units), 1, most));
 }
