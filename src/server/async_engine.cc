@@ -154,7 +154,9 @@ void AsyncEngine::loop() {
     }
     if (engine_.has_unfinished()) {
       try {
-        for (const StepOutput& output : engine_.step()) deliver(output);
+        const std::vector<StepOutput> outputs = engine_.step();
+        if (!outputs.empty()) metrics_.step_requests.observe(static_cast<double>(outputs.size()));
+        for (const StepOutput& output : outputs) deliver(output);
       } catch (const std::exception& e) {
         std::cerr << "nibble: engine step failed: " << e.what() << "\n";
         healthy_ = false;

@@ -52,7 +52,8 @@ Metrics::Metrics()
     : time_to_first_token({0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
                            2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0}),
       inter_token_latency({0.0005, 0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05,
-                           0.075,  0.1,   0.15,   0.2,   0.3,  0.4,   0.5,  0.75,  1.0,  2.5}) {}
+                           0.075,  0.1,   0.15,   0.2,   0.3,  0.4,   0.5,  0.75,  1.0,  2.5}),
+      step_requests({1, 2, 4, 8, 16, 32, 64, 128, 256, 512}) {}
 
 void Metrics::count_response(int status) {
   std::lock_guard lock(mutex_);
@@ -95,6 +96,7 @@ std::string Metrics::render() const {
                              "time from arrival to the first token");
   inter_token_latency.render(out, "nibble_inter_token_latency_seconds",
                              "time between consecutive tokens");
+  step_requests.render(out, "nibble_step_requests", "requests given a token by each engine step");
   return out;
 }
 

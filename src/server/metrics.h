@@ -11,7 +11,7 @@
 
 namespace nibble {
 
-// A cumulative histogram over fixed upper bounds (seconds).
+// A cumulative histogram over fixed upper bounds.
 class Histogram {
  public:
   explicit Histogram(std::vector<double> bounds);
@@ -44,6 +44,7 @@ class Metrics {
   EngineGauges engine;
   Histogram time_to_first_token;
   Histogram inter_token_latency;
+  Histogram step_requests;  // requests given a token by each engine step: the batch that ran
 
   std::string render() const;
 

@@ -115,13 +115,13 @@ class Concurrency(unittest.TestCase):
             alone.append((r["choices"][0]["text"], r["usage"]["completion_tokens"]))
 
         results = [None] * len(requests)
-        peak_running = [0]
-        finished = threading.Event()
 
-        def watch():
-            while not finished.is_set():
-                peak_running[0] = max(peak_running[0], metrics()["nibble_num_requests_running"])
-                time.sleep(0.01)
+        def step_histogram():  # (engine steps that gave a token to more than one request, tokens given)
+            m = metrics()
+            return (m["nibble_step_requests_count"] - m['nibble_step_requests_bucket{le="1"}'],
+                    m["nibble_step_requests_sum"])
+
+        batched_before, tokens_before = step_histogram()
 
         def run(i):
             try:
@@ -131,20 +131,18 @@ class Concurrency(unittest.TestCase):
             except Exception as e:  # reported below, per request
                 results[i] = e
 
-        watcher = threading.Thread(target=watch)
-        watcher.start()
         threads = [threading.Thread(target=run, args=(i,)) for i in range(len(requests))]
         for t in threads:
             t.start()
         for t in threads:
             t.join(timeout=120)
-        finished.set()
-        watcher.join()
         for i, (want, got) in enumerate(zip(alone, results)):
             self.assertIsInstance(got, tuple, f"request {i}: {got}")
             self.assertTrue(got[2], f"request {i} did not end with [DONE]")
             self.assertEqual(got[:2], want, f"request {i}")
-        self.assertGreater(peak_running[0], 1, "the requests were never batched")
+        batched_after, tokens_after = step_histogram()
+        self.assertEqual(tokens_after - tokens_before, sum(n for _, n in alone))
+        self.assertGreater(batched_after, batched_before, "the requests were never batched")
         wait_for_kv_blocks_free(self)
 
 
