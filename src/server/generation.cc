@@ -33,7 +33,12 @@ std::string Generation::advance(std::chrono::milliseconds timeout) {
   RequestStream::Update update = stream_->wait(timeout);
   std::string text;
   for (const StepOutput& out : update.outputs) {
-    if (out.token >= 0) text += text_.push(out.token);
+    // A stop token (end-of-sequence, or one of stop_token_ids) counts, but its text is not shown (as
+    // vLLM); an end-of-sequence token is special and would show nothing anyway.
+    if (out.token >= 0 && out.finished && out.reason == FinishReason::kStop)
+      text_.count_hidden();
+    else if (out.token >= 0)
+      text += text_.push(out.token);
     if (text_.stopped()) {  // the engine does not know stop strings: end it here
       engine_.abort(stream_);
       finish("stop");

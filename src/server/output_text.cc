@@ -12,6 +12,10 @@ std::string OutputText::push(int32_t token) {
   return stop_.push(decoder_.push(token)).text;
 }
 
+void OutputText::count_hidden() {
+  if (!stopped()) ++num_tokens_;
+}
+
 std::string OutputText::finish() {
   if (stopped()) return {};
   std::string text = stop_.push(decoder_.flush()).text;

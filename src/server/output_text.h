@@ -18,6 +18,8 @@ class OutputText {
 
   // The text `token` releases (possibly empty); after a stop string matched, nothing more.
   std::string push(int32_t token);
+  // A token that counts (usage) but shows no text: a stop token.
+  void count_hidden();
   // The generation ended (length or end-of-sequence): the rest of the text.
   std::string finish();
 

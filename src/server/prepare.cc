@@ -69,6 +69,10 @@ PreparedRequest prepare(const GenerationRequest& r, const Tokenizer& tokenizer,
   out.params.sampling.seed = r.seed ? *r.seed : random_seed();
   out.params.max_tokens = max_tokens;
   out.params.ignore_eos = r.ignore_eos;
+  for (int64_t id : r.stop_token_ids)
+    if (id >= limits.vocab_size)
+      reject(400, "stop_token_ids", "token id ", id, " is outside the vocabulary of ", limits.vocab_size);
+  out.params.stop_token_ids = r.stop_token_ids;
   return out;
 }
 

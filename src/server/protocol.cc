@@ -120,6 +120,43 @@ void parse_stop(const json& body, GenerationRequest& r) {
     if (text.empty()) reject(400, "stop", "stop strings must not be empty");
 }
 
+// Sampling adjustments nibble does not implement: accepted at their neutral value (clients send
+// those by default), a 400 naming the field otherwise, rather than output that silently ignores them.
+void reject_adjustments(const json& body) {
+  for (const char* name : {"frequency_penalty", "presence_penalty"}) {
+    const json* v = field(body, name);
+    if (!v) continue;
+    const double x = get_number(*v, name);
+    if (!(x >= -2.0 && x <= 2.0)) reject(400, name, name, " must be in [-2, 2], got ", x);
+    if (x != 0.0) reject(400, name, name, " is not supported (only 0)");
+  }
+  if (const json* v = field(body, "repetition_penalty")) {
+    const double x = get_number(*v, "repetition_penalty");
+    if (!(x > 0.0)) reject(400, "repetition_penalty", "repetition_penalty must be positive, got ", x);
+    if (x != 1.0) reject(400, "repetition_penalty", "repetition_penalty is not supported (only 1)");
+  }
+  if (const json* v = field(body, "min_tokens")) {
+    const int64_t n = get_int(*v, "min_tokens");
+    if (n < 0) reject(400, "min_tokens", "min_tokens must be at least 0, got ", n);
+    if (n != 0) reject(400, "min_tokens", "min_tokens is not supported (only 0)");
+  }
+  if (const json* v = field(body, "logit_bias")) {
+    if (!v->is_object()) reject(400, "logit_bias", "logit_bias must be an object");
+    if (!v->empty()) reject(400, "logit_bias", "logit_bias is not supported");
+  }
+}
+
+void parse_stop_token_ids(const json& body, GenerationRequest& r) {
+  const json* v = field(body, "stop_token_ids");
+  if (!v) return;
+  if (!v->is_array()) reject(400, "stop_token_ids", "stop_token_ids must be an array of token ids");
+  for (const json& id : *v) {
+    if (!id.is_number_integer() || id.get<int64_t>() < 0)
+      reject(400, "stop_token_ids", "stop_token_ids must be an array of non-negative integers");
+    r.stop_token_ids.push_back(id.get<int64_t>());
+  }
+}
+
 // The fields both endpoints share.
 void parse_common(const json& body, GenerationRequest& r) {
   if (const json* v = field(body, "model")) {
@@ -173,6 +210,8 @@ void parse_common(const json& body, GenerationRequest& r) {
       r.include_usage = get_bool(*u, "stream_options.include_usage");
   }
   parse_stop(body, r);
+  parse_stop_token_ids(body, r);
+  reject_adjustments(body);
 }
 
 json parse_body(std::string_view body) {

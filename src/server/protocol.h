@@ -32,6 +32,7 @@ struct GenerationRequest {
   SamplingParams sampling;            // its seed is only meaningful when `seed` is set
   std::optional<uint64_t> seed;       // unset: a fresh random seed per request
   std::vector<std::string> stop;      // matched on the output text, excluded from it
+  std::vector<int64_t> stop_token_ids;  // vLLM's extension: finish (stop) on one; its text is not shown
   bool ignore_eos = false;            // nibble extension (as vLLM and SGLang)
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage

@@ -64,6 +64,13 @@ TEST_F(PrepareTest, Limits) {
   EXPECT_EQ(rejected_param(R"({"prompt": [1, 2], "max_tokens": 47})"),
             "max_tokens");  // past the KV cache
   EXPECT_EQ(rejected_param(R"({"prompt": [1, 2], "max_tokens": 46})"), "(accepted)");
+  EXPECT_EQ(rejected_param(R"({"prompt": [1, 2], "stop_token_ids": [3, 512]})"), "stop_token_ids");
+}
+
+TEST_F(PrepareTest, StopTokenIdsReachTheEngine) {
+  EXPECT_EQ(run(R"({"prompt": "a", "stop_token_ids": [0, 511, 7]})").params.stop_token_ids,
+            (std::vector<int64_t>{0, 511, 7}));
+  EXPECT_TRUE(run(R"({"prompt": "a"})").params.stop_token_ids.empty());
 }
 
 }  // namespace

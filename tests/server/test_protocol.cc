@@ -41,7 +41,9 @@ TEST(Protocol, CompletionFields) {
     "prompt": [1, 2, 3], "max_tokens": 32, "temperature": 0.7, "top_p": 0.9, "top_k": -1,
     "seed": 42,
     "stop": ["a", "bc"], "n": 1, "stream": true, "stream_options": {"include_usage": true},
-    "ignore_eos": true, "presence_penalty": 0.5, "user": "someone", "logprobs": null})");
+    "ignore_eos": true, "user": "someone", "logprobs": null, "stop_token_ids": [2, 7],
+    "presence_penalty": 0, "frequency_penalty": 0.0, "repetition_penalty": 1, "min_tokens": 0,
+    "logit_bias": {}})");
   EXPECT_TRUE(r.prompt_is_ids);
   EXPECT_EQ(r.prompt_ids, (std::vector<int32_t>{1, 2, 3}));
   EXPECT_EQ(r.max_tokens, 32);
@@ -53,6 +55,7 @@ TEST(Protocol, CompletionFields) {
   EXPECT_TRUE(r.stream);
   EXPECT_TRUE(r.include_usage);
   EXPECT_TRUE(r.ignore_eos);
+  EXPECT_EQ(r.stop_token_ids, (std::vector<int64_t>{2, 7}));
 }
 
 TEST(Protocol, SingletonPromptBatchesAndStopString) {
@@ -117,6 +120,20 @@ TEST(Protocol, RejectsBadCompletions) {
       {R"({"prompt": "p", "stream_options": {"include_usage": "yes"}})",
        "stream_options.include_usage"},
       {R"({"prompt": "p", "ignore_eos": "no"})", "ignore_eos"},
+      {R"({"prompt": "p", "stop_token_ids": 3})", "stop_token_ids"},
+      {R"({"prompt": "p", "stop_token_ids": [3, -1]})", "stop_token_ids"},
+      {R"({"prompt": "p", "stop_token_ids": ["3"]})", "stop_token_ids"},
+      // Accepted only where they change nothing: output that ignored them would mislead.
+      {R"({"prompt": "p", "presence_penalty": 0.5})", "presence_penalty"},
+      {R"({"prompt": "p", "presence_penalty": 3})", "presence_penalty"},
+      {R"({"prompt": "p", "frequency_penalty": -0.1})", "frequency_penalty"},
+      {R"({"prompt": "p", "frequency_penalty": "0"})", "frequency_penalty"},
+      {R"({"prompt": "p", "repetition_penalty": 1.1})", "repetition_penalty"},
+      {R"({"prompt": "p", "repetition_penalty": 0})", "repetition_penalty"},
+      {R"({"prompt": "p", "min_tokens": 4})", "min_tokens"},
+      {R"({"prompt": "p", "min_tokens": -1})", "min_tokens"},
+      {R"({"prompt": "p", "logit_bias": {"5": 10}})", "logit_bias"},
+      {R"({"prompt": "p", "logit_bias": [1]})", "logit_bias"},
   };
   for (const auto& [body, param] : cases) {
     const auto [status, got_param] = rejection(body);

@@ -178,6 +178,11 @@ class BadInput(unittest.TestCase):
         ("/v1/completions", {"prompt": "hi", "max_tokens": 100000}, 400, "max_tokens"),  # beyond the context
         ("/v1/completions", {"prompt": "hi " * 600}, 400, "prompt"),  # longer than the context
         ("/v1/completions", {"prompt": "hi", "n": 2}, 400, "n"),
+        ("/v1/completions", {"prompt": "hi", "presence_penalty": 0.5}, 400, "presence_penalty"),
+        ("/v1/completions", {"prompt": "hi", "repetition_penalty": 1.2}, 400, "repetition_penalty"),
+        ("/v1/completions", {"prompt": "hi", "stop_token_ids": [512]}, 400, "stop_token_ids"),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "frequency_penalty": 1},
+         400, "frequency_penalty"),
         ("/v1/completions", {"prompt": "hi", "seed": "x"}, 400, "seed"),
         ("/v1/completions", {"prompt": "hi", "stop": 5}, 400, "stop"),
         ("/v1/completions", {"prompt": "hi", "stop": [""]}, 400, "stop"),
@@ -269,9 +274,8 @@ class SlowClient(unittest.TestCase):
 
 
 class StopAndSeed(unittest.TestCase):
-    def complete(self, **body):
-        status, r = request("POST", "/v1/completions", {"prompt": "Once upon a time", "max_tokens": 40,
-                                                        "ignore_eos": True, **body})
+    def complete(self, prompt="Once upon a time", **body):
+        status, r = request("POST", "/v1/completions", {"prompt": prompt, "max_tokens": 40, "ignore_eos": True, **body})
         self.assertEqual(status, 200, r)
         return r
 
@@ -303,6 +307,38 @@ class StopAndSeed(unittest.TestCase):
                                              stop=[stop], extra_body={"ignore_eos": True})
         self.assertEqual(r.choices[0].message.content, text[:text.index(stop)])
         self.assertEqual(r.choices[0].finish_reason, "stop")
+
+    def test_stop_token_ids_end_on_the_token_and_hide_its_text(self):
+        prompt = "Hello"  # its first greedy token shows text
+        first = self.complete(prompt=prompt, temperature=0, max_tokens=1)["choices"][0]
+        self.assertTrue(first["text"], "the first token shows no text: the test would not tell")
+        # The first greedy token's id, by halving: a set of stop ids ends the request with "stop"
+        # exactly when that token is in it.
+        low, high = 0, 512  # the fixture's vocabulary
+        while high - low > 1:
+            mid = (low + high) // 2
+            r = self.complete(prompt=prompt, temperature=0, max_tokens=1, stop_token_ids=list(range(low, mid)))
+            if r["choices"][0]["finish_reason"] == "stop":
+                high = mid
+            else:
+                low = mid
+        token = low
+        r = self.complete(prompt=prompt, temperature=0, stop_token_ids=[token])
+        self.assertEqual(r["choices"][0]["finish_reason"], "stop")
+        self.assertEqual(r["choices"][0]["text"], "")  # counted, not shown (as vLLM)
+        self.assertEqual(r["usage"]["completion_tokens"], 1)
+        others = [i for i in range(512) if i != token]
+        r = self.complete(prompt=prompt, temperature=0, max_tokens=1, stop_token_ids=others)
+        self.assertEqual(r["choices"][0]["finish_reason"], "length")
+        self.assertEqual(r["choices"][0]["text"], first["text"])
+        events, done = stream("/v1/completions", {"prompt": prompt, "max_tokens": 40, "ignore_eos": True,
+                                                  "temperature": 0, "stop_token_ids": [token],
+                                                  "stream_options": {"include_usage": True}})
+        self.assertTrue(done)
+        self.assertEqual("".join(e["choices"][0]["text"] for e in events if e["choices"]), "")
+        self.assertEqual([e["choices"][0]["finish_reason"] for e in events if e["choices"]][-1], "stop")
+        self.assertEqual(events[-1]["usage"]["completion_tokens"], 1)
+        wait_for_kv_blocks_free(self)
 
     def test_seed_reproduces_sampling(self):
         a = self.complete(temperature=0.9, top_p=0.95, seed=123)["choices"][0]["text"]
