@@ -11,6 +11,7 @@
 #include "cuda/cuda_check.h"
 #include "cuda/device.h"
 #include "cuda/launch.h"
+#include "cuda/logit_penalties.h"
 #include "cuda/residual_norm_all_reduce.h"
 #include "cuda/sampling.h"
 
@@ -156,6 +157,8 @@ void CudaOps::sample(const Tensor& logits, const SampleSettings& settings, Tenso
               ids);
   copy_to_device(ids, out);
 }
+
+void CudaOps::penalize(Tensor& logits, const PenaltySettings& settings) { penalize_rows(logits, settings, stream_); }
 
 void CudaOps::linear(const Tensor& x, const Linear& w, Tensor& out, Communicator* row_group) {
   const PlainLaunches plain(plain_site("linear"));

@@ -50,6 +50,7 @@ class CudaOps final : public Ops {
   // it against the host, token for token): a batch with top-k or top-p settings through the filtered
   // kernel, else the plain one. NIBBLE_DEVICE_SAMPLING=0: the host's Ops::sample on downloaded logits.
   void sample(const Tensor& logits, const SampleSettings& settings, Tensor& out) override;
+  void penalize(Tensor& logits, const PenaltySettings& settings) override;  // logit_penalties.h
   void linear(const Tensor& x, const Linear& w, Tensor& out, Communicator* row_group = nullptr) override;
   void logits(const Tensor& x, const Tensor& rows, const Linear& w, Tensor& out) override;
   void rope(Tensor& qkv, const Tensor& positions, const AttentionParams& params, double theta) override;

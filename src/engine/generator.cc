@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <numeric>
 
+#include "engine/sequence.h"
+
 namespace nibble {
 Generator::Generator(Model& model, int64_t max_tokens, KvCacheDType kv_dtype, int64_t block_size)
     : model_(model), block_size_(block_size), max_tokens_(max_tokens) {
@@ -50,11 +52,20 @@ std::vector<int32_t> generate(Model& model, const std::vector<int32_t>& prompt, 
   check(max_new_tokens >= 0, "max_new_tokens must be >= 0");
   Generator generator(model, static_cast<int64_t>(prompt.size()) + max_new_tokens, kv_dtype);
   Sampler sampler(sampling);
+  // The tokens seen so far, for the penalties (the engine's Sequence keeps them the same way).
+  Sequence seen(0, prompt, {.sampling = sampling, .max_tokens = std::max<int64_t>(max_new_tokens, 1)});
+  const Penalties& penalties = sampling.penalties;
   std::vector<int32_t> out;
   std::vector<int32_t> next = prompt;
   for (int64_t i = 0; i < max_new_tokens; ++i) {
-    const Tensor logits = generator.extend(next);
-    const int32_t id = sampler.sample({logits.data<float>(), static_cast<std::size_t>(logits.dim(1))});
+    Tensor logits = generator.extend(next);
+    float* row = logits.data<float>();
+    if (penalties.any())
+      for (const SeenToken& t : seen.seen_tokens())
+        row[t.token] = penalized_logit(row[t.token], t.generated, penalties.repetition, penalties.frequency,
+                                       penalties.presence);
+    const int32_t id = sampler.sample({row, static_cast<std::size_t>(logits.dim(1))});
+    seen.append(id);
     out.push_back(id);
     if (on_token) on_token(id);
     if (std::find(stop_ids.begin(), stop_ids.end(), id) != stop_ids.end()) break;

@@ -18,6 +18,38 @@ bool is_decode(const std::vector<ScheduledSeq>& step) {
   });
 }
 
+// The penalties of the step's sampling sequences that have any, applied to their rows of logits (R
+// rows in the order of the sampling sequences, then padding).
+void penalize(Ops& ops, const std::vector<ScheduledSeq>& step, Tensor logits) {
+  const int64_t rows = logits.dim(0);
+  std::vector<int32_t> offsets{0}, tokens, generated;
+  Tensor penalties = Tensor::zeros(DType::kF32, {rows, 3});
+  for (int64_t r = 0; r < rows; ++r) penalties.data<float>()[r * 3] = 1.0f;
+  int64_t r = 0;
+  for (const ScheduledSeq& s : step) {
+    if (!s.samples) continue;
+    const Penalties& p = s.seq->params().sampling.penalties;
+    if (p.any()) {
+      float* row = penalties.data<float>() + r * 3;
+      row[0] = p.repetition, row[1] = p.frequency, row[2] = p.presence;
+      for (const SeenToken& t : s.seq->seen_tokens()) tokens.push_back(t.token), generated.push_back(t.generated);
+    }
+    offsets.push_back(static_cast<int32_t>(tokens.size()));
+    ++r;
+  }
+  if (tokens.empty()) return;
+  offsets.resize(static_cast<std::size_t>(rows) + 1, offsets.back());  // padding rows: none
+  auto host_i32 = [](const std::vector<int32_t>& v) {
+    Tensor t = Tensor::zeros(DType::kI32, {static_cast<int64_t>(v.size())});
+    std::copy(v.begin(), v.end(), t.data<int32_t>());
+    return t;
+  };
+  ops.penalize(logits, {.row_offsets = ops.upload(host_i32(offsets)),
+                        .tokens = ops.upload(host_i32(tokens)),
+                        .generated = ops.upload(host_i32(generated)),
+                        .penalties = ops.upload(penalties)});
+}
+
 }  // namespace
 
 ModelRunner::ModelRunner(Model& model, int64_t num_blocks, int64_t block_size, KvCacheDType kv_dtype,
@@ -30,6 +62,7 @@ ModelRunner::ModelRunner(Model& model, int64_t num_blocks, int64_t block_size, K
 std::vector<int32_t> ModelRunner::sample(const std::vector<ScheduledSeq>& step, const Tensor& logits) {
   Ops& ops = model_.ops();
   const int64_t rows = logits.dim(0);
+  penalize(ops, step, logits);  // the logits' storage, in place
   Tensor ids = ops.empty(DType::kI32, {rows});
   const bool greedy = std::all_of(step.begin(), step.end(),
                                   [](const ScheduledSeq& s) { return !s.samples || s.seq->sampler.greedy(); });

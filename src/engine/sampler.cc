@@ -15,6 +15,10 @@ void validate(const SamplingParams& p) {
         p.temperature);
   check(p.top_p > 0.0f && p.top_p <= 1.0f, "top_p must be in (0, 1], got ", p.top_p);
   check(p.top_k >= 0, "top_k must be >= 0, got ", p.top_k);
+  const Penalties& q = p.penalties;
+  check(q.repetition > 0.0f && std::isfinite(q.repetition), "repetition_penalty must be > 0, got ", q.repetition);
+  check(q.frequency >= -2.0f && q.frequency <= 2.0f, "frequency_penalty must be in [-2, 2], got ", q.frequency);
+  check(q.presence >= -2.0f && q.presence <= 2.0f, "presence_penalty must be in [-2, 2], got ", q.presence);
 }
 
 Sampler::Sampler(const SamplingParams& params) : params_(params) { validate(params); }

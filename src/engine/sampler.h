@@ -8,6 +8,8 @@
 #include <cstdint>
 #include <span>
 
+#include "core/logit_penalties.h"
+
 namespace nibble {
 
 struct SamplingParams {
@@ -15,6 +17,7 @@ struct SamplingParams {
   float top_p = 1.0f;        // keep the smallest set of tokens whose probability reaches top_p
   int64_t top_k = 0;         // 0: no limit
   uint64_t seed = 0;
+  Penalties penalties = {};  // on the tokens the sequence has seen, before the above (logit_penalties.h)
 };
 
 // Fails with a clear message for out-of-range values.

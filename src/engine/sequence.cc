@@ -25,4 +25,19 @@ Sequence::Sequence(int64_t id, std::vector<int32_t> prompt, RequestParams params
   check(params_.max_tokens >= 1, "max_tokens must be at least 1, got ", params_.max_tokens);
 }
 
+void Sequence::append(int32_t token) {
+  tokens_.push_back(token);
+  if (params_.sampling.penalties.any()) ++generated_counts_[token];
+}
+
+std::vector<SeenToken> Sequence::seen_tokens() const {
+  std::map<int32_t, int32_t> seen = generated_counts_;
+  if (params_.sampling.penalties.repetition != 1.0f)
+    for (int64_t i = 0; i < num_prompt_tokens_; ++i) seen.try_emplace(tokens_[static_cast<std::size_t>(i)], 0);
+  std::vector<SeenToken> out;
+  out.reserve(seen.size());
+  for (const auto& [token, generated] : seen) out.push_back({token, generated});
+  return out;
+}
+
 }  // namespace nibble

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -36,7 +37,10 @@ class Sequence {
   int64_t num_prompt_tokens() const { return num_prompt_tokens_; }
   int64_t num_generated() const { return num_tokens() - num_prompt_tokens_; }
   int32_t last_token() const { return tokens_.back(); }
-  void append(int32_t token) { tokens_.push_back(token); }
+  void append(int32_t token);
+  // With penalties: every distinct token of the prompt and the output (the output's alone when the
+  // repetition penalty is 1), in increasing order, with how often it was generated.
+  std::vector<SeenToken> seen_tokens() const;
 
   std::vector<int32_t> block_table;  // KV block ids, in order
   int64_t num_computed_tokens = 0;   // tokens whose KV is in the cache
@@ -47,6 +51,7 @@ class Sequence {
   std::vector<int32_t> tokens_;
   int64_t num_prompt_tokens_;
   RequestParams params_;
+  std::map<int32_t, int32_t> generated_counts_;  // with penalties: token -> times generated
 };
 
 }  // namespace nibble

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "core/logit_penalties.h"
 #include "core/sampling_filter.h"
 #include "model/communicator.h"
 
@@ -59,6 +60,30 @@ void Ops::sample(const Tensor& logits, const SampleSettings& settings, Tensor& o
     out.data<int32_t>()[r] =
         t == 0.0f ? static_cast<int32_t>(std::max_element(row, row + V) - row)
                   : filtered_gumbel_argmax(row, V, t, top_k, top_p, static_cast<uint64_t>(settings.keys.data<int64_t>()[r]));
+  }
+}
+
+void Ops::penalize(Tensor& logits, const PenaltySettings& settings) {
+  const auto on_host = [](const Tensor& t) { return t.device() == Device::kCpu; };
+  check(on_host(logits) && on_host(settings.row_offsets) && on_host(settings.tokens) && on_host(settings.generated) &&
+            on_host(settings.penalties),
+        "penalize: host tensors expected");
+  expect(logits, DType::kF32, {-1, -1}, "penalize logits");
+  const int64_t R = logits.dim(0), V = logits.dim(1), N = settings.tokens.numel();
+  expect(settings.row_offsets, DType::kI32, {R + 1}, "penalize row_offsets");
+  expect(settings.tokens, DType::kI32, {N}, "penalize tokens");
+  expect(settings.generated, DType::kI32, {N}, "penalize generated");
+  expect(settings.penalties, DType::kF32, {R, 3}, "penalize penalties");
+  const int32_t* offsets = settings.row_offsets.data<int32_t>();
+  for (int64_t r = 0; r < R; ++r) {
+    const float* p = settings.penalties.data<float>() + r * 3;
+    float* row = logits.data<float>() + r * V;
+    check(offsets[r] >= 0 && offsets[r] <= offsets[r + 1] && offsets[r + 1] <= N, "penalize: bad row_offsets");
+    for (int32_t i = offsets[r]; i < offsets[r + 1]; ++i) {
+      const int32_t t = settings.tokens.data<int32_t>()[i];
+      check(t >= 0 && t < V, "penalize: token ", t, " outside the vocabulary of ", V);
+      row[t] = penalized_logit(row[t], settings.generated.data<int32_t>()[i], p[0], p[1], p[2]);
+    }
   }
 }
 

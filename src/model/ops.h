@@ -59,6 +59,14 @@ struct SampleSettings {
   Tensor top_p;         // F32; 1: no limit. Undefined: none for any row
 };
 
+// Each row's penalties for Ops::penalize (core/logit_penalties.h), its seen tokens in CSR form.
+struct PenaltySettings {
+  Tensor row_offsets;  // I32 (R + 1): row r's seen tokens are entries row_offsets[r] .. row_offsets[r + 1] - 1
+  Tensor tokens;       // I32 (N): distinct within a row
+  Tensor generated;    // I32 (N): how often the row's sequence generated the token (0: prompt only)
+  Tensor penalties;    // F32 (R, 3): repetition, frequency, presence
+};
+
 // A step recorded once and replayed with no host work in between (a CUDA graph). It reads and writes
 // the same device tensors at every replay: refill its inputs in place (copy_to_device) before replay().
 class RecordedStep {
@@ -101,6 +109,9 @@ class Ops {
   // top-k and top-p keep (filtered_gumbel_argmax in core/sampling_filter.h). The default works on
   // host tensors (CPU backend).
   virtual void sample(const Tensor& logits, const SampleSettings& settings, Tensor& out);
+  // logits (R, V) F32, in place: each row's seen tokens take its penalties (penalized_logit in
+  // core/logit_penalties.h), before argmax or sample. The default works on host tensors (CPU backend).
+  virtual void penalize(Tensor& logits, const PenaltySettings& settings);
 
   // out (T, H) F32 = table[ids] for ids (T) I32 and table (V, H) BF16 (exact: BF16 values).
   virtual void embedding(const Tensor& ids, const Tensor& table, Tensor& out) = 0;

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <limits>
+#include <utility>
 
 #include "server/api_error.h"
 
@@ -120,21 +121,27 @@ void parse_stop(const json& body, GenerationRequest& r) {
     if (text.empty()) reject(400, "stop", "stop strings must not be empty");
 }
 
-// Sampling adjustments nibble does not implement: accepted at their neutral value (clients send
-// those by default), a 400 naming the field otherwise, rather than output that silently ignores them.
-void reject_adjustments(const json& body) {
-  for (const char* name : {"frequency_penalty", "presence_penalty"}) {
+// frequency_penalty and presence_penalty in OpenAI's range, repetition_penalty (vLLM and SGLang's
+// extension) positive: core/logit_penalties.h.
+void parse_penalties(const json& body, GenerationRequest& r) {
+  Penalties& p = r.sampling.penalties;
+  for (auto [name, value] : {std::pair{"frequency_penalty", &p.frequency}, std::pair{"presence_penalty", &p.presence}}) {
     const json* v = field(body, name);
     if (!v) continue;
     const double x = get_number(*v, name);
     if (!(x >= -2.0 && x <= 2.0)) reject(400, name, name, " must be in [-2, 2], got ", x);
-    if (x != 0.0) reject(400, name, name, " is not supported (only 0)");
+    *value = static_cast<float>(x);
   }
   if (const json* v = field(body, "repetition_penalty")) {
     const double x = get_number(*v, "repetition_penalty");
-    if (!(x > 0.0)) reject(400, "repetition_penalty", "repetition_penalty must be positive, got ", x);
-    if (x != 1.0) reject(400, "repetition_penalty", "repetition_penalty is not supported (only 1)");
+    if (!(x > 0.0 && x <= 1e6)) reject(400, "repetition_penalty", "repetition_penalty must be in (0, 1e6], got ", x);
+    p.repetition = static_cast<float>(x);
   }
+}
+
+// What nibble does not implement: accepted at the neutral value (clients send that by default), a 400
+// naming the field otherwise, rather than output that silently ignores it.
+void reject_unsupported(const json& body) {
   if (const json* v = field(body, "min_tokens")) {
     const int64_t n = get_int(*v, "min_tokens");
     if (n < 0) reject(400, "min_tokens", "min_tokens must be at least 0, got ", n);
@@ -211,7 +218,8 @@ void parse_common(const json& body, GenerationRequest& r) {
   }
   parse_stop(body, r);
   parse_stop_token_ids(body, r);
-  reject_adjustments(body);
+  parse_penalties(body, r);
+  reject_unsupported(body);
 }
 
 json parse_body(std::string_view body) {

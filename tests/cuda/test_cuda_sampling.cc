@@ -4,7 +4,10 @@
 // filtering too.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <bit>
 #include <cmath>
+#include <numeric>
 #include <random>
 #include <vector>
 
@@ -186,6 +189,56 @@ TEST(CudaSampling, FilteredSampleMatchesHost) {
           EXPECT_EQ(back.data<int32_t>()[r], want.data<int32_t>()[r]) << "CudaOps vocab " << vocab << " row " << r;
       }
     }
+  }
+}
+
+// Penalties (logit_penalties.h) on random rows: each row a random set of distinct seen tokens with
+// random counts (0: prompt only) and its own repetition, frequency and presence (row 2 none at all),
+// against Ops::penalize on the host, bit for bit, every logit of every row compared.
+TEST(CudaSampling, PenalizeMatchesHost) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(17);
+  for (const int64_t vocab : {7, 32000, 151936}) {
+    const int64_t rows = 5;
+    Tensor logits = random_f32({rows, vocab}, static_cast<uint32_t>(vocab) + 1, 4.0f);
+    Tensor penalties = Tensor::zeros(DType::kF32, {rows, 3});
+    std::vector<int32_t> offsets{0}, tokens, generated;
+    std::uniform_real_distribution<float> rep(0.5f, 2.0f), adj(-2.0f, 2.0f);
+    for (int64_t r = 0; r < rows; ++r) {
+      float* p = penalties.data<float>() + r * 3;
+      p[0] = rep(rng), p[1] = adj(rng), p[2] = adj(rng);
+      if (r != 2) {
+        std::vector<int32_t> ids(static_cast<std::size_t>(vocab));
+        std::iota(ids.begin(), ids.end(), 0);
+        std::shuffle(ids.begin(), ids.end(), rng);
+        const std::size_t n = std::min<std::size_t>(ids.size(), 1 + rng() % 700);
+        for (std::size_t i = 0; i < n; ++i) tokens.push_back(ids[i]), generated.push_back(static_cast<int32_t>(rng() % 4));
+      }
+      offsets.push_back(static_cast<int32_t>(tokens.size()));
+    }
+    auto i32 = [](const std::vector<int32_t>& v) {
+      Tensor t = Tensor::zeros(DType::kI32, {static_cast<int64_t>(v.size())});
+      std::copy(v.begin(), v.end(), t.data<int32_t>());
+      return t;
+    };
+    const PenaltySettings host{.row_offsets = i32(offsets), .tokens = i32(tokens), .generated = i32(generated),
+                               .penalties = penalties};
+    Tensor want = Tensor::zeros(DType::kF32, {rows, vocab});
+    std::copy_n(logits.data<float>(), rows * vocab, want.data<float>());
+    CpuOps cpu;
+    cpu.penalize(want, host);
+    cuda::CudaOps gpu;
+    Tensor got = gpu.upload(logits);
+    gpu.penalize(got, {.row_offsets = gpu.upload(host.row_offsets), .tokens = gpu.upload(host.tokens),
+                       .generated = gpu.upload(host.generated), .penalties = gpu.upload(penalties)});
+    const Tensor back = gpu.download(got);
+    int64_t changed = 0;
+    for (int64_t i = 0; i < rows * vocab; ++i) {
+      ASSERT_EQ(std::bit_cast<uint32_t>(back.data<float>()[i]), std::bit_cast<uint32_t>(want.data<float>()[i]))
+          << "vocab " << vocab << " element " << i;
+      changed += want.data<float>()[i] != logits.data<float>()[i];
+    }
+    EXPECT_GT(changed, 0);
   }
 }
 

@@ -105,6 +105,31 @@ TEST_F(EngineTest, SeededSamplingBesideGreedyMatchesServedAlone) {
   EXPECT_TRUE(differs);
 }
 
+// Penalties (repetition, frequency, presence; greedy and seeded) beside requests without: each request
+// equals itself served alone, where the single-sequence generator penalizes its own logits (the engine
+// batches them as rows of Ops::penalize), and the penalties change what is generated.
+TEST_F(EngineTest, PenalizedRequestsMatchServedAlone) {
+  auto requests = mixed_requests(12, 3);
+  for (std::size_t i = 0; i < requests.size(); ++i) {
+    requests[i].max_tokens = 16 + static_cast<int64_t>(i % 4);
+    if (i % 4 == 3) continue;  // no penalties
+    requests[i].sampling.penalties = {.repetition = i % 4 == 0 ? 1.8f : 1.0f,
+                                      .frequency = i % 4 == 1 ? 1.5f : 0.0f,
+                                      .presence = i % 4 == 2 ? 2.0f : 0.3f};
+    if (i % 3 == 2) requests[i].sampling.temperature = 0.9f, requests[i].sampling.seed = 50 + i;
+  }
+  const auto got = batched(requests, {.num_blocks = 256, .block_size = 4,
+                                      .scheduler = {.max_running = 6, .max_batched_tokens = 48}});
+  bool changed = false;
+  for (std::size_t i = 0; i < requests.size(); ++i) {
+    EXPECT_EQ(got[i], alone(requests[i])) << "request " << i;
+    Request plain = requests[i];
+    plain.sampling.penalties = {};
+    changed = changed || (requests[i].sampling.penalties.any() && alone(plain) != got[i]);
+  }
+  EXPECT_TRUE(changed) << "no penalty changed any generation";
+}
+
 TEST_F(EngineTest, PreemptionByRecomputeKeepsResults) {
   const auto requests = mixed_requests(12, 2);
   // 24 blocks of 4 tokens: far fewer than the requests need together.

@@ -42,7 +42,7 @@ TEST(Protocol, CompletionFields) {
     "seed": 42,
     "stop": ["a", "bc"], "n": 1, "stream": true, "stream_options": {"include_usage": true},
     "ignore_eos": true, "user": "someone", "logprobs": null, "stop_token_ids": [2, 7],
-    "presence_penalty": 0, "frequency_penalty": 0.0, "repetition_penalty": 1, "min_tokens": 0,
+    "presence_penalty": -0.5, "frequency_penalty": 1.5, "repetition_penalty": 1.25, "min_tokens": 0,
     "logit_bias": {}})");
   EXPECT_TRUE(r.prompt_is_ids);
   EXPECT_EQ(r.prompt_ids, (std::vector<int32_t>{1, 2, 3}));
@@ -56,6 +56,10 @@ TEST(Protocol, CompletionFields) {
   EXPECT_TRUE(r.include_usage);
   EXPECT_TRUE(r.ignore_eos);
   EXPECT_EQ(r.stop_token_ids, (std::vector<int64_t>{2, 7}));
+  EXPECT_EQ(r.sampling.penalties.presence, -0.5f);
+  EXPECT_EQ(r.sampling.penalties.frequency, 1.5f);
+  EXPECT_EQ(r.sampling.penalties.repetition, 1.25f);
+  EXPECT_FALSE(parse_completion_request(R"({"prompt": "p"})").sampling.penalties.any());
 }
 
 TEST(Protocol, SingletonPromptBatchesAndStopString) {
@@ -123,13 +127,12 @@ TEST(Protocol, RejectsBadCompletions) {
       {R"({"prompt": "p", "stop_token_ids": 3})", "stop_token_ids"},
       {R"({"prompt": "p", "stop_token_ids": [3, -1]})", "stop_token_ids"},
       {R"({"prompt": "p", "stop_token_ids": ["3"]})", "stop_token_ids"},
-      // Accepted only where they change nothing: output that ignored them would mislead.
-      {R"({"prompt": "p", "presence_penalty": 0.5})", "presence_penalty"},
       {R"({"prompt": "p", "presence_penalty": 3})", "presence_penalty"},
-      {R"({"prompt": "p", "frequency_penalty": -0.1})", "frequency_penalty"},
+      {R"({"prompt": "p", "presence_penalty": -2.5})", "presence_penalty"},
       {R"({"prompt": "p", "frequency_penalty": "0"})", "frequency_penalty"},
-      {R"({"prompt": "p", "repetition_penalty": 1.1})", "repetition_penalty"},
       {R"({"prompt": "p", "repetition_penalty": 0})", "repetition_penalty"},
+      {R"({"prompt": "p", "repetition_penalty": -1})", "repetition_penalty"},
+      // Accepted only where they change nothing: output that ignored them would mislead.
       {R"({"prompt": "p", "min_tokens": 4})", "min_tokens"},
       {R"({"prompt": "p", "min_tokens": -1})", "min_tokens"},
       {R"({"prompt": "p", "logit_bias": {"5": 10}})", "logit_bias"},

@@ -178,10 +178,11 @@ class BadInput(unittest.TestCase):
         ("/v1/completions", {"prompt": "hi", "max_tokens": 100000}, 400, "max_tokens"),  # beyond the context
         ("/v1/completions", {"prompt": "hi " * 600}, 400, "prompt"),  # longer than the context
         ("/v1/completions", {"prompt": "hi", "n": 2}, 400, "n"),
-        ("/v1/completions", {"prompt": "hi", "presence_penalty": 0.5}, 400, "presence_penalty"),
-        ("/v1/completions", {"prompt": "hi", "repetition_penalty": 1.2}, 400, "repetition_penalty"),
+        ("/v1/completions", {"prompt": "hi", "presence_penalty": 2.5}, 400, "presence_penalty"),
+        ("/v1/completions", {"prompt": "hi", "repetition_penalty": 0}, 400, "repetition_penalty"),
+        ("/v1/completions", {"prompt": "hi", "min_tokens": 3}, 400, "min_tokens"),
         ("/v1/completions", {"prompt": "hi", "stop_token_ids": [512]}, 400, "stop_token_ids"),
-        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "frequency_penalty": 1},
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "frequency_penalty": "1"},
          400, "frequency_penalty"),
         ("/v1/completions", {"prompt": "hi", "seed": "x"}, 400, "seed"),
         ("/v1/completions", {"prompt": "hi", "stop": 5}, 400, "stop"),
@@ -339,6 +340,18 @@ class StopAndSeed(unittest.TestCase):
         self.assertEqual([e["choices"][0]["finish_reason"] for e in events if e["choices"]][-1], "stop")
         self.assertEqual(events[-1]["usage"]["completion_tokens"], 1)
         wait_for_kv_blocks_free(self)
+
+    def test_penalties_change_greedy_text_reproducibly(self):
+        plain = self.complete(prompt="The quick brown fox", temperature=0)["choices"][0]["text"]
+        body = {"prompt": "The quick brown fox", "temperature": 0, "repetition_penalty": 3.0,
+                "frequency_penalty": 1.0, "presence_penalty": 0.5}
+        penalized = self.complete(**body)["choices"][0]["text"]
+        self.assertNotEqual(penalized, plain)
+        self.assertEqual(self.complete(**body)["choices"][0]["text"], penalized)
+        # Neutral values are no penalties at all.
+        neutral = self.complete(prompt="The quick brown fox", temperature=0, repetition_penalty=1,
+                                frequency_penalty=0, presence_penalty=0)
+        self.assertEqual(neutral["choices"][0]["text"], plain)
 
     def test_seed_reproduces_sampling(self):
         a = self.complete(temperature=0.9, top_p=0.95, seed=123)["choices"][0]["text"]
