@@ -24,6 +24,8 @@ int64_t Engine::add_request(std::vector<int32_t> prompt, RequestParams params) {
   if (!params.ignore_eos)
     params.stop_token_ids.insert(params.stop_token_ids.end(), c.eos_token_ids.begin(), c.eos_token_ids.end());
   validate(params.sampling);
+  check(params.logprobs >= -1 && params.logprobs <= kMaxLogprobs, "logprobs must be in [0, ", kMaxLogprobs,
+        "] (or -1: none), got ", params.logprobs);
   auto seq = std::make_shared<Sequence>(next_id_, std::move(prompt), std::move(params));
   scheduler_.add(seq);
   live_[next_id_] = seq;
@@ -38,10 +40,12 @@ std::vector<StepOutput> Engine::step() {
   std::vector<StepOutput> out;
   for (const ScheduledSeq& s : work) {
     if (!s.samples) continue;
-    const Sequence& seq = *s.seq;
+    Sequence& seq = *s.seq;
     const bool done = seq.status == SequenceStatus::kFinished;
     out.push_back({.id = seq.id(), .token = seq.last_token(), .finished = done, .reason = seq.finish_reason,
-                   .prompt_tokens = seq.num_prompt_tokens(), .generated_tokens = seq.num_generated()});
+                   .prompt_tokens = seq.num_prompt_tokens(), .generated_tokens = seq.num_generated(),
+                   .logprobs = std::move(seq.last_logprobs)});
+    seq.last_logprobs.reset();
     if (done) live_.erase(seq.id());
   }
   return out;

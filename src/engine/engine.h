@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <unordered_map>
 #include <vector>
 
@@ -29,6 +30,7 @@ struct StepOutput {
   FinishReason reason;  // kNone unless finished
   int64_t prompt_tokens;
   int64_t generated_tokens;
+  std::optional<TokenLogprobs> logprobs;  // where the request asked (RequestParams::logprobs)
 };
 
 class Engine {

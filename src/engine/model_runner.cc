@@ -62,6 +62,18 @@ ModelRunner::ModelRunner(Model& model, int64_t num_blocks, int64_t block_size, K
 std::vector<int32_t> ModelRunner::sample(const std::vector<ScheduledSeq>& step, const Tensor& logits) {
   Ops& ops = model_.ops();
   const int64_t rows = logits.dim(0);
+  // The raw rows of the sequences that want log-probabilities, before the penalties change them.
+  std::vector<std::vector<float>> raw;
+  if (std::any_of(step.begin(), step.end(), [](const ScheduledSeq& s) { return s.samples && s.seq->params().logprobs >= 0; })) {
+    const Tensor host = logits.device() == Device::kCpu ? logits : ops.download(logits);
+    const int64_t V = host.dim(1);
+    int64_t r = 0;
+    for (const ScheduledSeq& s : step) {
+      if (!s.samples) continue;
+      const float* row = host.data<float>() + r++ * V;
+      raw.emplace_back(s.seq->params().logprobs >= 0 ? std::vector<float>(row, row + V) : std::vector<float>());
+    }
+  }
   penalize(ops, step, logits);  // the logits' storage, in place
   Tensor ids = ops.empty(DType::kI32, {rows});
   const bool greedy = std::all_of(step.begin(), step.end(),
@@ -95,8 +107,13 @@ std::vector<int32_t> ModelRunner::sample(const std::vector<ScheduledSeq>& step, 
   }
   const Tensor host = ops.download(ids);  // R ids, not R × vocab logits
   std::vector<int32_t> sampled;
-  for (const ScheduledSeq& s : step)
-    if (s.samples) sampled.push_back(host.data<int32_t>()[sampled.size()]);
+  for (const ScheduledSeq& s : step) {
+    if (!s.samples) continue;
+    const int32_t token = host.data<int32_t>()[sampled.size()];
+    if (s.seq->params().logprobs >= 0)
+      s.seq->last_logprobs = token_logprobs(raw[sampled.size()], token, s.seq->params().logprobs);
+    sampled.push_back(token);
+  }
   return sampled;
 }
 

@@ -4,10 +4,12 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "engine/sampler.h"
+#include "engine/token_logprobs.h"
 
 namespace nibble {
 
@@ -21,6 +23,7 @@ struct RequestParams {
   int64_t max_tokens = 16;           // new tokens to generate at most
   std::vector<int64_t> stop_token_ids;  // finish (reason stop) when one is sampled
   bool ignore_eos = false;
+  int32_t logprobs = -1;  // -1: none; k >= 0: each sampled token's log-probability and the top k's
 };
 
 class Sequence {
@@ -45,6 +48,7 @@ class Sequence {
   std::vector<int32_t> block_table;  // KV block ids, in order
   int64_t num_computed_tokens = 0;   // tokens whose KV is in the cache
   Sampler sampler;                   // per sequence, so batching never changes a seeded sample
+  std::optional<TokenLogprobs> last_logprobs;  // the last sampled token's, where params().logprobs >= 0
 
  private:
   int64_t id_;

@@ -8,6 +8,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "server/async_engine.h"
@@ -34,6 +35,9 @@ class Generation {
   const std::string& finish_reason() const { return finish_reason_; }  // "stop", "length", "abort"
   int64_t prompt_tokens() const { return prompt_tokens_; }
   int64_t completion_tokens() const { return text_.num_tokens(); }
+  // The log-probabilities of the tokens generated since the last call, with their ids (where the
+  // request asked for them).
+  std::vector<std::pair<int32_t, TokenLogprobs>> take_logprobs() { return std::exchange(logprobs_, {}); }
 
  private:
   void finish(const std::string& reason);
@@ -46,6 +50,7 @@ class Generation {
   bool done_ = false;
   std::optional<StreamError> error_;
   std::string finish_reason_;
+  std::vector<std::pair<int32_t, TokenLogprobs>> logprobs_;
 };
 
 }  // namespace nibble

@@ -20,11 +20,36 @@ using namespace std::chrono_literals;
 constexpr auto kKeepAlive = 2s;
 constexpr auto kPoll = 200ms;  // how often a streaming handler wakes up while waiting
 
+// How a request's tokens show in its logprobs: their text with special tokens (or "token_id:N"), and
+// the character where each starts among those texts, counted on from `offset`.
+struct LogprobsView {
+  const Tokenizer* tokenizer = nullptr;  // null: the request asked for none
+  bool as_ids = false;
+  int64_t offset = 0;
+
+  std::string token_text(int32_t id) const {
+    if (as_ids) return "token_id:" + std::to_string(id);
+    const int32_t ids[] = {id};
+    return tokenizer->decode(ids, SkipSpecialTokens::kNo);
+  }
+  ShownLogprobs show(const std::vector<std::pair<int32_t, TokenLogprobs>>& entries) {
+    ShownLogprobs out;
+    for (const auto& [id, lp] : entries) {
+      ShownLogprob t{.token = token_text(id), .logprob = lp.logprob, .top = {}, .text_offset = offset};
+      for (const auto& [alt, alt_lp] : lp.top) t.top.emplace_back(token_text(alt), alt_lp);
+      for (unsigned char c : t.token) offset += (c & 0xC0) != 0x80;  // characters: bytes that start one
+      out.push_back(std::move(t));
+    }
+    return out;
+  }
+};
+
 // Everything one stream needs after the handler has returned (httplib calls the provider later).
 struct StreamState {
   ResponseMeta meta;
   UsageField usage_field;
   bool include_usage;
+  LogprobsView logprobs;
   std::unique_ptr<Generation> generation;
   bool started = false;
   std::chrono::steady_clock::time_point last_write = std::chrono::steady_clock::now();
@@ -40,7 +65,13 @@ bool write_stream(StreamState& s, httplib::DataSink& sink) {
   }
   Generation& g = *s.generation;
   const std::string text = g.advance(kPoll);
-  if (!text.empty()) out += text_event(s.meta, text, s.usage_field);
+  const auto logprobs = g.take_logprobs();
+  if (s.logprobs.tokenizer != nullptr && (!text.empty() || !logprobs.empty())) {
+    const ShownLogprobs shown = s.logprobs.show(logprobs);
+    out += text_event(s.meta, text, s.usage_field, &shown);
+  } else if (!text.empty()) {
+    out += text_event(s.meta, text, s.usage_field);
+  }
   if (g.done()) {
     if (g.error()) {
       out += error_event(g.error()->status, g.error()->message);
@@ -60,12 +91,13 @@ bool write_stream(StreamState& s, httplib::DataSink& sink) {
   return true;
 }
 
-void respond_streaming(ResponseMeta meta, const GenerationRequest& r,
+void respond_streaming(ResponseMeta meta, const GenerationRequest& r, LogprobsView logprobs,
                        std::unique_ptr<Generation> generation, httplib::Response& response) {
   auto state = std::make_shared<StreamState>(
       StreamState{.meta = std::move(meta),
                   .usage_field = r.include_usage ? UsageField::kNull : UsageField::kAbsent,
                   .include_usage = r.include_usage,
+                  .logprobs = logprobs,
                   .generation = std::move(generation)});
   response.set_header("Cache-Control", "no-cache");
   response.set_chunked_content_provider(
@@ -85,16 +117,22 @@ void respond_streaming(ResponseMeta meta, const GenerationRequest& r,
       [state](bool) { state->generation->abort(); });  // no-op when it ended normally
 }
 
-void respond_whole(const ResponseMeta& meta, Generation& g, httplib::Response& response) {
+void respond_whole(const ResponseMeta& meta, LogprobsView logprobs, Generation& g, httplib::Response& response) {
   std::string text;
-  while (!g.done()) text += g.advance(1s);
+  ShownLogprobs shown;
+  while (!g.done()) {
+    text += g.advance(1s);
+    if (logprobs.tokenizer != nullptr)
+      for (ShownLogprob& t : logprobs.show(g.take_logprobs())) shown.push_back(std::move(t));
+  }
   if (g.error()) {
     response.status = g.error()->status;
     response.set_content(error_body(g.error()->status, g.error()->message), "application/json");
     return;
   }
   response.set_content(
-      full_response(meta, text, g.finish_reason(), {g.prompt_tokens(), g.completion_tokens()}),
+      full_response(meta, text, g.finish_reason(), {g.prompt_tokens(), g.completion_tokens()},
+                    logprobs.tokenizer != nullptr ? &shown : nullptr),
       "application/json");
 }
 
@@ -112,10 +150,11 @@ void handle_generation(const ServingContext& c, Endpoint endpoint, const httplib
   auto generation = std::make_unique<Generation>(c.engine, c.metrics, c.tokenizer,
                                                  std::move(p.prompt), std::move(p.params), r.stop);
   ResponseMeta meta = new_response_meta(endpoint, served);
+  const LogprobsView logprobs{.tokenizer = r.logprobs ? &c.tokenizer : nullptr, .as_ids = r.tokens_as_ids};
   if (r.stream)
-    respond_streaming(std::move(meta), r, std::move(generation), response);
+    respond_streaming(std::move(meta), r, logprobs, std::move(generation), response);
   else
-    respond_whole(meta, *generation, response);
+    respond_whole(meta, logprobs, *generation, response);
 }
 
 }  // namespace nibble

@@ -73,6 +73,7 @@ PreparedRequest prepare(const GenerationRequest& r, const Tokenizer& tokenizer,
     if (id >= limits.vocab_size)
       reject(400, "stop_token_ids", "token id ", id, " is outside the vocabulary of ", limits.vocab_size);
   out.params.stop_token_ids = r.stop_token_ids;
+  out.params.logprobs = r.logprobs.value_or(-1);
   return out;
 }
 

@@ -6,6 +6,7 @@
 #include <limits>
 #include <utility>
 
+#include "engine/token_logprobs.h"
 #include "server/api_error.h"
 
 namespace nibble {
@@ -164,6 +165,13 @@ void parse_stop_token_ids(const json& body, GenerationRequest& r) {
   }
 }
 
+// How many most likely tokens' log-probabilities a response shows beside each sampled token's.
+int32_t get_logprobs_count(const json& value, const char* name) {
+  const int64_t k = get_int(value, name);
+  if (k < 0 || k > kMaxLogprobs) reject(400, name, name, " must be in [0, ", kMaxLogprobs, "], got ", k);
+  return static_cast<int32_t>(k);
+}
+
 // The fields both endpoints share.
 void parse_common(const json& body, GenerationRequest& r) {
   if (const json* v = field(body, "model")) {
@@ -217,6 +225,8 @@ void parse_common(const json& body, GenerationRequest& r) {
       r.include_usage = get_bool(*u, "stream_options.include_usage");
   }
   parse_stop(body, r);
+  if (const json* v = field(body, "return_tokens_as_token_ids"))
+    r.tokens_as_ids = get_bool(*v, "return_tokens_as_token_ids");
   parse_stop_token_ids(body, r);
   parse_penalties(body, r);
   reject_unsupported(body);
@@ -241,10 +251,7 @@ GenerationRequest parse_completion_request(std::string_view body) {
   r.endpoint = Endpoint::kCompletion;
   parse_prompt(parsed, r);
   parse_common(parsed, r);
-  if (const json* v = field(parsed, "logprobs")) {
-    if (!v->is_number_integer()) reject(400, "logprobs", "logprobs must be an integer");
-    reject(400, "logprobs", "logprobs is not supported");
-  }
+  if (const json* v = field(parsed, "logprobs")) r.logprobs = get_logprobs_count(*v, "logprobs");
   return r;
 }
 
@@ -254,8 +261,11 @@ GenerationRequest parse_chat_request(std::string_view body) {
   r.endpoint = Endpoint::kChat;
   parse_messages(parsed, r);
   parse_common(parsed, r);
+  const json* top = field(parsed, "top_logprobs");
   if (const json* v = field(parsed, "logprobs"); v && get_bool(*v, "logprobs"))
-    reject(400, "logprobs", "logprobs is not supported");
+    r.logprobs = top ? get_logprobs_count(*top, "top_logprobs") : 0;
+  else if (top)
+    reject(400, "top_logprobs", "top_logprobs needs logprobs set to true");
   return r;
 }
 

@@ -34,6 +34,11 @@ struct GenerationRequest {
   std::vector<std::string> stop;      // matched on the output text, excluded from it
   std::vector<int64_t> stop_token_ids;  // vLLM's extension: finish (stop) on one; its text is not shown
   bool ignore_eos = false;            // nibble extension (as vLLM and SGLang)
+  // Each generated token's log-probability and the top k's (completions: logprobs = k; chat: logprobs
+  // true, top_logprobs = k), k <= kMaxLogprobs; tokens shown as "token_id:N" with vLLM's
+  // return_tokens_as_token_ids.
+  std::optional<int32_t> logprobs;
+  bool tokens_as_ids = false;
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
 };

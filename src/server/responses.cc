@@ -43,15 +43,58 @@ bool is_chat(const ResponseMeta& m) {
   return m.endpoint == Endpoint::kChat;
 }
 
+// JSON has no -inf: a log-probability below -9999 shows as -9999 (as vLLM).
+double shown_logprob(float logprob) {
+  return logprob >= -9999.0f ? static_cast<double>(logprob) : -9999.0;
+}
+
+json utf8_bytes(const std::string& s) {
+  json out = json::array();
+  for (unsigned char c : s) out.push_back(static_cast<int>(c));
+  return out;
+}
+
+// OpenAI's logprobs object: chat's {"content": [...]}, completions' parallel arrays; null without any.
+json logprobs_json(const ResponseMeta& m, const ShownLogprobs* l) {
+  if (l == nullptr) return nullptr;
+  if (is_chat(m)) {
+    json content = json::array();
+    for (const ShownLogprob& t : *l) {
+      json top = json::array();
+      for (const auto& [token, logprob] : t.top)
+        top.push_back({{"token", token}, {"logprob", shown_logprob(logprob)}, {"bytes", utf8_bytes(token)}});
+      content.push_back({{"token", t.token},
+                         {"logprob", shown_logprob(t.logprob)},
+                         {"bytes", utf8_bytes(t.token)},
+                         {"top_logprobs", std::move(top)}});
+    }
+    return {{"content", std::move(content)}};
+  }
+  json offsets = json::array(), logprobs = json::array(), tokens = json::array(), tops = json::array();
+  for (const ShownLogprob& t : *l) {
+    offsets.push_back(t.text_offset);
+    logprobs.push_back(shown_logprob(t.logprob));
+    tokens.push_back(t.token);
+    json top = json::object();
+    for (const auto& [token, logprob] : t.top)  // two tokens of one text: the likelier one's
+      if (!top.contains(token)) top[token] = shown_logprob(logprob);
+    tops.push_back(std::move(top));
+  }
+  return {{"text_offset", std::move(offsets)},
+          {"token_logprobs", std::move(logprobs)},
+          {"tokens", std::move(tokens)},
+          {"top_logprobs", std::move(tops)}};
+}
+
 // One streamed choice: a chat delta or a completion's text piece.
 std::string chunk_event(const ResponseMeta& m, json delta_or_text, const json& finish_reason,
-                        UsageField usage) {
+                        UsageField usage, const ShownLogprobs* logprobs = nullptr) {
   json choice = {{"index", 0}};
   if (is_chat(m))
     choice["delta"] = std::move(delta_or_text);
   else
     choice["text"] = std::move(delta_or_text);
-  choice["logprobs"] = nullptr;
+  choice["logprobs"] = logprobs_json(m, logprobs);
   choice["finish_reason"] = finish_reason;
   json chunk = envelope(m, is_chat(m) ? "chat.completion.chunk" : "text_completion");
   chunk["choices"] = json::array({std::move(choice)});
@@ -70,13 +113,13 @@ ResponseMeta new_response_meta(Endpoint endpoint, const std::string& model) {
 }
 
 std::string full_response(const ResponseMeta& m, const std::string& text,
-                          const std::string& finish_reason, const Usage& usage) {
+                          const std::string& finish_reason, const Usage& usage, const ShownLogprobs* logprobs) {
   json choice = {{"index", 0}};
   if (is_chat(m))
     choice["message"] = {{"role", "assistant"}, {"content", text}};
   else
     choice["text"] = text;
-  choice["logprobs"] = nullptr;
+  choice["logprobs"] = logprobs_json(m, logprobs);
   choice["finish_reason"] = finish_reason;
   json body = envelope(m, is_chat(m) ? "chat.completion" : "text_completion");
   body["choices"] = json::array({std::move(choice)});
@@ -88,8 +131,9 @@ std::string role_event(const ResponseMeta& m, UsageField usage) {
   return chunk_event(m, {{"role", "assistant"}, {"content", ""}}, nullptr, usage);
 }
 
-std::string text_event(const ResponseMeta& m, const std::string& text, UsageField usage) {
-  return chunk_event(m, is_chat(m) ? json{{"content", text}} : json(text), nullptr, usage);
+std::string text_event(const ResponseMeta& m, const std::string& text, UsageField usage,
+                       const ShownLogprobs* logprobs) {
+  return chunk_event(m, is_chat(m) ? json{{"content", text}} : json(text), nullptr, usage, logprobs);
 }
 
 std::string finish_event(const ResponseMeta& m, const std::string& finish_reason,

@@ -6,6 +6,8 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "server/protocol.h"
 
@@ -23,18 +25,30 @@ struct Usage {
   int64_t completion_tokens = 0;
 };
 
+// A generated token's log-probability as a response shows it: the token's text (or "token_id:N"), its
+// most likely alternatives', and (completions) where its text starts among the tokens' texts so far.
+struct ShownLogprob {
+  std::string token;
+  float logprob;
+  std::vector<std::pair<std::string, float>> top;
+  int64_t text_offset = 0;  // characters
+};
+using ShownLogprobs = std::vector<ShownLogprob>;
+
 // A fresh id and the current time for a response of `endpoint`.
 ResponseMeta new_response_meta(Endpoint endpoint, const std::string& model);
 
 std::string full_response(const ResponseMeta& meta, const std::string& text,
-                          const std::string& finish_reason, const Usage& usage);
+                          const std::string& finish_reason, const Usage& usage,
+                          const ShownLogprobs* logprobs = nullptr);
 
 // Stream events, each "data: {...}\n\n". With include_usage every chunk carries "usage": null and
 // the usage event (empty choices) comes last before [DONE], as OpenAI does.
 enum class UsageField : uint8_t { kAbsent, kNull };
 std::string role_event(const ResponseMeta& meta,
                        UsageField usage);  // chat only: the assistant role
-std::string text_event(const ResponseMeta& meta, const std::string& text, UsageField usage);
+std::string text_event(const ResponseMeta& meta, const std::string& text, UsageField usage,
+                       const ShownLogprobs* logprobs = nullptr);
 std::string finish_event(const ResponseMeta& meta, const std::string& finish_reason,
                          UsageField usage);
 std::string usage_event(const ResponseMeta& meta, const Usage& usage);

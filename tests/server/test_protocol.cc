@@ -115,7 +115,10 @@ TEST(Protocol, RejectsBadCompletions) {
       {R"({"prompt": "p", "n": 2})", "n"},
       {R"({"prompt": "p", "best_of": 3})", "best_of"},
       {R"({"prompt": "p", "echo": true})", "echo"},
-      {R"({"prompt": "p", "logprobs": 2})", "logprobs"},
+      {R"({"prompt": "p", "logprobs": 21})", "logprobs"},
+      {R"({"prompt": "p", "logprobs": -1})", "logprobs"},
+      {R"({"prompt": "p", "logprobs": true})", "logprobs"},
+      {R"({"prompt": "p", "return_tokens_as_token_ids": 1})", "return_tokens_as_token_ids"},
       {R"({"prompt": "p", "stop": 1})", "stop"},
       {R"({"prompt": "p", "stop": ["a", 1]})", "stop"},
       {R"({"prompt": "p", "stop": ""})", "stop"},
@@ -156,7 +159,10 @@ TEST(Protocol, RejectsBadChats) {
       R"({"messages": [{"role": "user"}]})",
       R"({"messages": [{"role": "user", "content": 7}]})",
       R"({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]})",
-      R"({"messages": [{"role": "user", "content": "hi"}], "logprobs": true})",
+      R"({"messages": [{"role": "user", "content": "hi"}], "logprobs": 2})",
+      R"({"messages": [{"role": "user", "content": "hi"}], "logprobs": true, "top_logprobs": 21})",
+      R"({"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2})",  // needs logprobs: true
+      R"({"messages": [{"role": "user", "content": "hi"}], "logprobs": false, "top_logprobs": 2})",
   };
   for (const std::string& body : cases)
     EXPECT_EQ(rejection(body, Endpoint::kChat).first, 400) << body;
@@ -165,6 +171,19 @@ TEST(Protocol, RejectsBadChats) {
                 Endpoint::kChat)
           .second,
       "max_completion_tokens");
+}
+
+TEST(Protocol, Logprobs) {
+  EXPECT_FALSE(parse_completion_request(R"({"prompt": "p"})").logprobs.has_value());
+  EXPECT_EQ(parse_completion_request(R"({"prompt": "p", "logprobs": 0})").logprobs, 0);
+  EXPECT_EQ(parse_completion_request(R"({"prompt": "p", "logprobs": 20})").logprobs, 20);
+  const GenerationRequest ids = parse_completion_request(R"({"prompt": "p", "logprobs": 1,
+                                                             "return_tokens_as_token_ids": true})");
+  EXPECT_TRUE(ids.tokens_as_ids);
+  const char* chat = R"({"messages": [{"role": "user", "content": "hi"}], )";
+  EXPECT_FALSE(parse_chat_request(std::string(chat) + R"("logprobs": false})").logprobs.has_value());
+  EXPECT_EQ(parse_chat_request(std::string(chat) + R"("logprobs": true})").logprobs, 0);
+  EXPECT_EQ(parse_chat_request(std::string(chat) + R"("logprobs": true, "top_logprobs": 5})").logprobs, 5);
 }
 
 TEST(Protocol, ErrorBodyShape) {

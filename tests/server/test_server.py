@@ -7,6 +7,7 @@ Usage: test_server.py PATH_TO_NIBBLE [extra `nibble serve` flags...]   (from the
 With --api-key among the flags every request carries the key, and missing/wrong keys must get 401.
 """
 import json
+import math
 import os
 import pathlib
 import random
@@ -153,6 +154,70 @@ class Concurrency(unittest.TestCase):
         wait_for_kv_blocks_free(self)
 
 
+class Logprobs(unittest.TestCase):
+    BODY = {"prompt": "Hello", "max_tokens": 8, "temperature": 0, "ignore_eos": True}
+
+    def completion(self, **extra):
+        status, r = request("POST", "/v1/completions", {**self.BODY, **extra})
+        self.assertEqual(status, 200, r)
+        return r
+
+    def test_completion_logprobs(self):
+        r = self.completion(logprobs=3)
+        lp = r["choices"][0]["logprobs"]
+        n = r["usage"]["completion_tokens"]
+        self.assertEqual([len(lp[k]) for k in ("tokens", "token_logprobs", "top_logprobs", "text_offset")], [n] * 4)
+        self.assertEqual(lp["text_offset"][0], 0)
+        for i in range(n):
+            self.assertLessEqual(lp["token_logprobs"][i], 0.0)
+            top = lp["top_logprobs"][i]
+            self.assertTrue(1 <= len(top) <= 3, top)
+            # Greedy: the sampled token is the most likely one.
+            self.assertAlmostEqual(lp["token_logprobs"][i], max(top.values()), places=5)
+            self.assertLessEqual(sum(math.exp(v) for v in top.values()), 1.0 + 1e-5)
+            if i:
+                self.assertEqual(lp["text_offset"][i], lp["text_offset"][i - 1] + len(lp["tokens"][i - 1]))
+        self.assertIsNone(self.completion()["choices"][0]["logprobs"])
+        # Streamed, the chunks' logprobs put together are the whole response's.
+        events, done = stream("/v1/completions", {**self.BODY, "logprobs": 3})
+        self.assertTrue(done)
+        joined = {k: [] for k in lp}
+        for e in events:
+            if e["choices"] and e["choices"][0]["logprobs"]:
+                for k in joined:
+                    joined[k] += e["choices"][0]["logprobs"][k]
+        self.assertEqual(joined, lp)
+
+    def test_tokens_as_ids_name_the_sampled_tokens(self):
+        r = self.completion(logprobs=0, return_tokens_as_token_ids=True)
+        tokens = r["choices"][0]["logprobs"]["tokens"]
+        self.assertTrue(all(t.startswith("token_id:") for t in tokens), tokens)
+        self.assertEqual(r["choices"][0]["logprobs"]["top_logprobs"], [{}] * len(tokens))
+        ids = [int(t.split(":")[1]) for t in tokens]
+        # Stopping on the fourth token's id ends the greedy text at its first occurrence.
+        stop = ids[3]
+        r = self.completion(stop_token_ids=[stop])
+        self.assertEqual(r["choices"][0]["finish_reason"], "stop")
+        self.assertEqual(r["usage"]["completion_tokens"], ids.index(stop) + 1)
+
+    def test_chat_logprobs(self):
+        body = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 5, "temperature": 0,
+                "ignore_eos": True, "logprobs": True, "top_logprobs": 2}
+        status, r = request("POST", "/v1/chat/completions", body)
+        self.assertEqual(status, 200, r)
+        content = r["choices"][0]["logprobs"]["content"]
+        self.assertEqual(len(content), r["usage"]["completion_tokens"])
+        for t in content:
+            self.assertEqual(t["bytes"], list(t["token"].encode()))
+            self.assertEqual(len(t["top_logprobs"]), 2)
+            self.assertAlmostEqual(t["logprob"], t["top_logprobs"][0]["logprob"], places=5)
+            self.assertGreaterEqual(t["top_logprobs"][0]["logprob"], t["top_logprobs"][1]["logprob"])
+        chat = client().chat.completions.create(model=SERVED_NAME, messages=body["messages"], max_tokens=5,
+                                                temperature=0, logprobs=True, top_logprobs=2,
+                                                extra_body={"ignore_eos": True})
+        self.assertEqual([t.token for t in chat.choices[0].logprobs.content], [t["token"] for t in content])
+
+
 class BadInput(unittest.TestCase):
     CASES = [
         # (path, body, status, param)
@@ -181,6 +246,9 @@ class BadInput(unittest.TestCase):
         ("/v1/completions", {"prompt": "hi", "presence_penalty": 2.5}, 400, "presence_penalty"),
         ("/v1/completions", {"prompt": "hi", "repetition_penalty": 0}, 400, "repetition_penalty"),
         ("/v1/completions", {"prompt": "hi", "min_tokens": 3}, 400, "min_tokens"),
+        ("/v1/completions", {"prompt": "hi", "logprobs": 21}, 400, "logprobs"),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2}, 400,
+         "top_logprobs"),
         ("/v1/completions", {"prompt": "hi", "stop_token_ids": [512]}, 400, "stop_token_ids"),
         ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "frequency_penalty": "1"},
          400, "frequency_penalty"),
