@@ -976,6 +976,56 @@ TEST(CudaEngine, GraphsMatchEagerStepsAcrossTheShortContext) {
   EXPECT_EQ(graphs, eager);
 }
 
+// Penalties (the penalize kernel on the graph's logits) and log-probabilities (the raw logits, downloaded
+// before the penalties) through the engine on the GPU: graph replays give eager steps' tokens and
+// log-probabilities, a greedy token is its row's most likely, and the penalties change the tokens.
+TEST(CudaEngine, PenaltiesAndLogprobsInGraphs) {
+  SKIP_WITHOUT_GPU();
+  constexpr char kModel[] = "tests/fixtures/tiny-mixtral";
+  cuda::CudaOps gpu;
+  const ModelConfig config = load_model_config(kModel);
+  const Checkpoint ckpt = Checkpoint::open(kModel);
+  Model model(config, load_weights(ckpt, config, Quantization::kQuarkInt4Fp8Moe, gpu), gpu);
+  auto run = [&](CudaGraphs graphs, bool penalized) {
+    Engine engine(model, {.num_blocks = 64, .block_size = 16, .kv_dtype = KvCacheDType::kFp8E4M3,
+                          .scheduler = {}, .cuda_graphs = graphs});
+    std::map<int64_t, std::vector<StepOutput>> out;
+    for (int r = 0; r < 3; ++r) {
+      std::vector<int32_t> prompt{1};
+      for (int i = 0; i < 4 + 5 * r; ++i) prompt.push_back(300 + (37 * i + 11 * r) % 200);
+      RequestParams params{.max_tokens = 24, .ignore_eos = true, .logprobs = r == 1 ? -1 : 4};
+      if (penalized && r > 0) params.sampling.penalties = {.repetition = 1.6f, .frequency = 0.8f, .presence = 0.4f};
+      if (r == 2) params.sampling.temperature = 0.9f, params.sampling.seed = 5;
+      engine.add_request(prompt, params);
+    }
+    while (engine.has_unfinished())
+      for (StepOutput& o : engine.step()) out[o.id].push_back(std::move(o));
+    return out;
+  };
+  const auto eager = run(CudaGraphs::kOff, true), graphs = run(CudaGraphs::kOn, true);
+  const auto plain = run(CudaGraphs::kOn, false);
+  ASSERT_EQ(eager.size(), 3u);
+  bool changed = false;
+  for (const auto& [id, steps] : eager) {
+    const auto& replayed = graphs.at(id);
+    ASSERT_EQ(steps.size(), 24u);
+    ASSERT_EQ(replayed.size(), 24u);
+    for (std::size_t j = 0; j < steps.size(); ++j) {
+      EXPECT_EQ(replayed[j].token, steps[j].token) << "request " << id << " token " << j;
+      ASSERT_EQ(steps[j].logprobs.has_value(), id != 1);
+      if (!steps[j].logprobs) continue;
+      EXPECT_NEAR(replayed[j].logprobs->logprob, steps[j].logprobs->logprob, 1e-5);
+      ASSERT_EQ(steps[j].logprobs->top.size(), 4u);
+      EXPECT_LE(steps[j].logprobs->logprob, 0.0f);
+      if (id == 0) {
+        EXPECT_EQ(steps[j].logprobs->top[0].first, steps[j].token);  // greedy, no penalties
+      }
+    }
+    for (std::size_t j = 0; j < steps.size(); ++j) changed = changed || (id > 0 && plain.at(id)[j].token != steps[j].token);
+  }
+  EXPECT_TRUE(changed) << "the penalties changed no token";
+}
+
 INSTANTIATE_TEST_SUITE_P(Schemes, CudaTinyMixtral,
                          ::testing::Combine(::testing::Values(Quantization::kNone, Quantization::kFp8,
                                                               Quantization::kQuarkInt4Fp8Moe),
