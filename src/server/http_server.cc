@@ -138,6 +138,23 @@ HttpServer::HttpServer(ServingContext context)
               models_response(c.options.served_model_name, c.created, c.limits.context_length),
               "application/json");
         }));
+  // vLLM's token endpoints (outside /v1, so no API key, as vLLM).
+  auto check_model = [&c](const std::string& model) {
+    const std::string& served = c.options.served_model_name;
+    if (!model.empty() && model != served)
+      reject(404, "model", "the model ", model, " does not exist; this server serves ", served);
+  };
+  s.Post("/tokenize", guarded([&c, check_model](const httplib::Request& req, httplib::Response& res) {
+           const TokenizeRequest r = parse_tokenize_request(req.body);
+           check_model(r.model);
+           res.set_content(tokenize_response(tokenize(r, c.tokenizer, c.chat_template), c.limits.context_length),
+                           "application/json");
+         }));
+  s.Post("/detokenize", guarded([&c, check_model](const httplib::Request& req, httplib::Response& res) {
+           const DetokenizeRequest r = parse_detokenize_request(req.body);
+           check_model(r.model);
+           res.set_content(detokenize_response(detokenize(r, c.tokenizer, c.limits)), "application/json");
+         }));
   s.Get("/health", [&c](const httplib::Request&, httplib::Response& res) {
     if (c.engine.healthy()) return res.set_content("{\"status\":\"ok\"}", "application/json");
     send_error(res, 503, "the engine has failed");
@@ -145,7 +162,7 @@ HttpServer::HttpServer(ServingContext context)
   s.Get("/metrics", [&c](const httplib::Request&, httplib::Response& res) {
     res.set_content(c.metrics.render(), "text/plain; version=0.0.4");
   });
-  for (const char* path : {"/v1/completions", "/v1/chat/completions"})
+  for (const char* path : {"/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize"})
     s.Get(path, method_not_allowed("POST"));
   for (const char* path : {"/v1/models", "/health", "/metrics"})
     s.Post(path, method_not_allowed("GET"));

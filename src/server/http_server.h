@@ -1,6 +1,6 @@
 // HttpServer: nibble's OpenAI-compatible HTTP API on cpp-httplib. POST /v1/completions and
 // /v1/chat/completions (streamed as Server-Sent Events or whole), GET /v1/models, /health and
-// /metrics. Bad requests get OpenAI's error body with the right 4xx; the server keeps serving.
+// /metrics, and vLLM's POST /tokenize and /detokenize. Bad requests get OpenAI's error body with the right 4xx; the server keeps serving.
 #pragma once
 
 #include <cstddef>

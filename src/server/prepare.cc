@@ -11,17 +11,19 @@
 namespace nibble {
 namespace {
 
+std::string render_messages(const nlohmann::ordered_json& messages, GenerationPrompt generation_prompt,
+                            const ChatTemplate& chat_template) {
+  try {
+    return chat_template.render(messages, generation_prompt);
+  } catch (const Error& e) {
+    reject(400, "messages", "the chat template rejected the messages: ", e.what());
+  }
+}
+
 std::vector<int32_t> build_prompt(const GenerationRequest& r, const Tokenizer& tokenizer,
                                   const ChatTemplate& chat_template) {
-  if (r.endpoint == Endpoint::kChat) {
-    std::string text;
-    try {
-      text = chat_template.render(r.messages, GenerationPrompt::kAdd);
-    } catch (const Error& e) {
-      reject(400, "messages", "the chat template rejected the messages: ", e.what());
-    }
-    return tokenizer.encode(text, AddSpecialTokens::kNo);
-  }
+  if (r.endpoint == Endpoint::kChat)
+    return tokenizer.encode(render_messages(r.messages, GenerationPrompt::kAdd, chat_template), AddSpecialTokens::kNo);
   if (r.prompt_is_ids) return r.prompt_ids;
   return tokenizer.encode(r.prompt_text);
 }
@@ -75,6 +77,20 @@ PreparedRequest prepare(const GenerationRequest& r, const Tokenizer& tokenizer,
   out.params.stop_token_ids = r.stop_token_ids;
   out.params.logprobs = r.logprobs.value_or(-1);
   return out;
+}
+
+std::vector<int32_t> tokenize(const TokenizeRequest& r, const Tokenizer& tokenizer, const ChatTemplate& chat_template) {
+  const AddSpecialTokens special = r.add_special_tokens ? AddSpecialTokens::kYes : AddSpecialTokens::kNo;
+  if (!r.chat) return tokenizer.encode(r.prompt, special);
+  const GenerationPrompt generation_prompt = r.add_generation_prompt ? GenerationPrompt::kAdd : GenerationPrompt::kOmit;
+  return tokenizer.encode(render_messages(r.messages, generation_prompt, chat_template), special);
+}
+
+std::string detokenize(const DetokenizeRequest& r, const Tokenizer& tokenizer, const ModelLimits& limits) {
+  for (int32_t id : r.tokens)
+    if (id >= limits.vocab_size)
+      reject(400, "tokens", "token id ", id, " is outside the vocabulary of ", limits.vocab_size);
+  return tokenizer.decode(r.tokens);
 }
 
 }  // namespace nibble

@@ -29,4 +29,10 @@ constexpr int64_t kDefaultCompletionMaxTokens = 16;  // OpenAI's default for /v1
 PreparedRequest prepare(const GenerationRequest& request, const Tokenizer& tokenizer,
                         const ChatTemplate& chat_template, const ModelLimits& limits);
 
+// /tokenize: the prompt's ids, or the rendered messages' (400 where the template rejects them).
+std::vector<int32_t> tokenize(const TokenizeRequest& request, const Tokenizer& tokenizer,
+                              const ChatTemplate& chat_template);
+// /detokenize: the ids' text, special tokens skipped (400 for an id outside the vocabulary).
+std::string detokenize(const DetokenizeRequest& request, const Tokenizer& tokenizer, const ModelLimits& limits);
+
 }  // namespace nibble

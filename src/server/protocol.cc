@@ -105,6 +105,13 @@ void parse_messages(const json& body, GenerationRequest& r) {
   }
 }
 
+std::string parse_model(const json& body) {
+  const json* v = field(body, "model");
+  if (!v) return {};
+  if (!v->is_string()) reject(400, "model", "model must be a string");
+  return v->get<std::string>();
+}
+
 void parse_stop(const json& body, GenerationRequest& r) {
   const json* s = field(body, "stop");
   if (!s) return;
@@ -174,10 +181,7 @@ int32_t get_logprobs_count(const json& value, const char* name) {
 
 // The fields both endpoints share.
 void parse_common(const json& body, GenerationRequest& r) {
-  if (const json* v = field(body, "model")) {
-    if (!v->is_string()) reject(400, "model", "model must be a string");
-    r.model = v->get<std::string>();
-  }
+  r.model = parse_model(body);
   // Chat calls it max_completion_tokens now; max_tokens is the older name.
   for (const char* name : {"max_tokens", "max_completion_tokens"}) {
     const json* v = field(body, name);
@@ -244,6 +248,37 @@ json parse_body(std::string_view body) {
 }
 
 }  // namespace
+
+TokenizeRequest parse_tokenize_request(std::string_view body) {
+  const json parsed = parse_body(body);
+  TokenizeRequest t;
+  t.model = parse_model(parsed);
+  if (field(parsed, "messages")) {
+    GenerationRequest r;
+    parse_messages(parsed, r);
+    t.chat = true;
+    t.messages = std::move(r.messages);
+    t.add_special_tokens = false;
+    if (const json* v = field(parsed, "add_generation_prompt"))
+      t.add_generation_prompt = get_bool(*v, "add_generation_prompt");
+  } else {
+    const json* p = field(parsed, "prompt");
+    if (!p || !p->is_string()) reject(400, "prompt", "prompt (a string) or messages is required");
+    t.prompt = p->get<std::string>();
+  }
+  if (const json* v = field(parsed, "add_special_tokens")) t.add_special_tokens = get_bool(*v, "add_special_tokens");
+  return t;
+}
+
+DetokenizeRequest parse_detokenize_request(std::string_view body) {
+  const json parsed = parse_body(body);
+  DetokenizeRequest d;
+  d.model = parse_model(parsed);
+  const json* v = field(parsed, "tokens");
+  if (!v || !v->is_array()) reject(400, "tokens", "tokens must be an array of token ids");
+  d.tokens = get_token_ids(*v, "tokens");
+  return d;
+}
 
 GenerationRequest parse_completion_request(std::string_view body) {
   const json parsed = parse_body(body);

@@ -47,4 +47,22 @@ struct GenerationRequest {
 GenerationRequest parse_completion_request(std::string_view body);
 GenerationRequest parse_chat_request(std::string_view body);
 
+// POST /tokenize (vLLM's): a prompt, or chat messages as the chat template renders them.
+struct TokenizeRequest {
+  std::string model;
+  bool chat = false;  // messages rather than a prompt
+  std::string prompt;
+  nlohmann::ordered_json messages = nlohmann::ordered_json::array();
+  bool add_special_tokens = true;     // default: true for a prompt, false for messages (the template's own)
+  bool add_generation_prompt = true;  // messages: end with the assistant turn's header
+};
+TokenizeRequest parse_tokenize_request(std::string_view body);
+
+// POST /detokenize (vLLM's): token ids back to text.
+struct DetokenizeRequest {
+  std::string model;
+  std::vector<int32_t> tokens;
+};
+DetokenizeRequest parse_detokenize_request(std::string_view body);
+
 }  // namespace nibble

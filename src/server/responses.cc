@@ -161,4 +161,12 @@ std::string models_response(const std::string& model, int64_t created, int64_t c
   return dump({{"object", "list"}, {"data", json::array({entry})}});
 }
 
+std::string tokenize_response(const std::vector<int32_t>& tokens, int64_t context_length) {
+  return dump({{"count", tokens.size()}, {"max_model_len", context_length}, {"tokens", tokens}});
+}
+
+std::string detokenize_response(const std::string& text) {
+  return dump({{"prompt", text}});
+}
+
 }  // namespace nibble

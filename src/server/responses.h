@@ -56,5 +56,8 @@ std::string error_event(int status, const std::string& message);
 inline constexpr char kDoneEvent[] = "data: [DONE]\n\n";
 
 std::string models_response(const std::string& model, int64_t created, int64_t context_length);
+// vLLM's /tokenize and /detokenize answers.
+std::string tokenize_response(const std::vector<int32_t>& tokens, int64_t context_length);
+std::string detokenize_response(const std::string& text);
 
 }  // namespace nibble

@@ -73,5 +73,26 @@ TEST_F(PrepareTest, StopTokenIdsReachTheEngine) {
   EXPECT_TRUE(run(R"({"prompt": "a"})").params.stop_token_ids.empty());
 }
 
+TEST_F(PrepareTest, TokenizeAsTheGenerationPromptIs) {
+  const auto ids = [&](std::string_view body) { return tokenize(parse_tokenize_request(body), tokenizer_, chat_); };
+  EXPECT_EQ(ids(R"({"prompt": "Hello world"})"), run(R"({"prompt": "Hello world"})").prompt);  // BOS included
+  EXPECT_EQ(ids(R"({"prompt": "Hello world", "add_special_tokens": false})"),
+            tokenizer_.encode("Hello world", AddSpecialTokens::kNo));
+  const char* messages = R"("messages": [{"role": "user", "content": "Hi"}])";
+  EXPECT_EQ(ids(std::string("{") + messages + "}"), run(std::string("{") + messages + "}", Endpoint::kChat).prompt);
+  EXPECT_EQ(ids(std::string("{") + messages + R"(, "add_generation_prompt": false})"),
+            tokenizer_.encode("<|im_start|>user\nHi<|im_end|>\n", AddSpecialTokens::kNo));
+  const std::vector<int32_t> hello = tokenizer_.encode("Hello world", AddSpecialTokens::kNo);
+  std::string body = R"({"tokens": [)";
+  for (std::size_t i = 0; i < hello.size(); ++i) body += (i ? "," : "") + std::to_string(hello[i]);
+  EXPECT_EQ(detokenize(parse_detokenize_request(body + "]}"), tokenizer_, limits_), "Hello world");
+  try {
+    detokenize(parse_detokenize_request(R"({"tokens": [1, 512]})"), tokenizer_, limits_);
+    ADD_FAILURE() << "an id outside the vocabulary was accepted";
+  } catch (const ApiError& e) {
+    EXPECT_EQ(e.param(), "tokens");
+  }
+}
+
 }  // namespace
 }  // namespace nibble

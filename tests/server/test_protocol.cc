@@ -2,6 +2,8 @@
 // bad field is a 400 naming it.
 #include <gtest/gtest.h>
 
+#include <functional>
+
 #include "server/api_error.h"
 #include "server/protocol.h"
 
@@ -184,6 +186,37 @@ TEST(Protocol, Logprobs) {
   EXPECT_FALSE(parse_chat_request(std::string(chat) + R"("logprobs": false})").logprobs.has_value());
   EXPECT_EQ(parse_chat_request(std::string(chat) + R"("logprobs": true})").logprobs, 0);
   EXPECT_EQ(parse_chat_request(std::string(chat) + R"("logprobs": true, "top_logprobs": 5})").logprobs, 5);
+}
+
+TEST(Protocol, TokenizeAndDetokenize) {
+  const TokenizeRequest plain = parse_tokenize_request(R"({"prompt": "Hi there", "model": "m"})");
+  EXPECT_FALSE(plain.chat);
+  EXPECT_EQ(plain.prompt, "Hi there");
+  EXPECT_EQ(plain.model, "m");
+  EXPECT_TRUE(plain.add_special_tokens);
+  EXPECT_FALSE(parse_tokenize_request(R"({"prompt": "x", "add_special_tokens": false})").add_special_tokens);
+  const TokenizeRequest chat =
+      parse_tokenize_request(R"({"messages": [{"role": "user", "content": "Hi"}], "add_generation_prompt": false})");
+  EXPECT_TRUE(chat.chat);
+  EXPECT_EQ(chat.messages.size(), 1u);
+  EXPECT_FALSE(chat.add_special_tokens);  // the template writes its own
+  EXPECT_FALSE(chat.add_generation_prompt);
+  EXPECT_EQ(parse_detokenize_request(R"({"tokens": [1, 2, 3]})").tokens, (std::vector<int32_t>{1, 2, 3}));
+  auto param = [](std::function<void()> f) -> std::string {
+    try {
+      f();
+    } catch (const ApiError& e) {
+      return e.param();
+    }
+    return "(accepted)";
+  };
+  EXPECT_EQ(param([] { parse_tokenize_request(R"({})"); }), "prompt");
+  EXPECT_EQ(param([] { parse_tokenize_request(R"({"prompt": [1, 2]})"); }), "prompt");
+  EXPECT_EQ(param([] { parse_tokenize_request(R"({"messages": []})"); }), "messages");
+  EXPECT_EQ(param([] { parse_tokenize_request(R"({"prompt": "x", "add_special_tokens": 1})"); }), "add_special_tokens");
+  EXPECT_EQ(param([] { parse_detokenize_request(R"({"tokens": "1 2"})"); }), "tokens");
+  EXPECT_EQ(param([] { parse_detokenize_request(R"({"tokens": [1, -2]})"); }), "tokens");
+  EXPECT_EQ(param([] { parse_detokenize_request(R"({"tokens": [1], "model": 3})"); }), "model");
 }
 
 TEST(Protocol, ErrorBodyShape) {

@@ -218,6 +218,40 @@ class Logprobs(unittest.TestCase):
         self.assertEqual([t.token for t in chat.choices[0].logprobs.content], [t["token"] for t in content])
 
 
+class Tokenize(unittest.TestCase):
+    def test_tokenize_counts_what_generation_counts(self):
+        text = "The quick brown fox"
+        status, t = request("POST", "/tokenize", {"prompt": text})
+        self.assertEqual(status, 200, t)
+        self.assertEqual(t["count"], len(t["tokens"]))
+        self.assertEqual(t["count"], token_count(text))
+        self.assertEqual(t["max_model_len"], 512)
+        status, r = request("POST", "/v1/completions", {"prompt": text, "max_tokens": 1})
+        self.assertEqual(r["usage"]["prompt_tokens"], t["count"])
+        messages = [{"role": "user", "content": "Tell me a story"}]
+        status, c = request("POST", "/tokenize", {"messages": messages})
+        self.assertEqual(status, 200, c)
+        status, r = request("POST", "/v1/chat/completions", {"messages": messages, "max_tokens": 1})
+        self.assertEqual(r["usage"]["prompt_tokens"], c["count"])
+        self.assertEqual(c["count"], token_count(chatml(messages), special=False))
+        # And back: the ids without BOS give the text again.
+        status, plain = request("POST", "/tokenize", {"prompt": text, "add_special_tokens": False})
+        status, d = request("POST", "/detokenize", {"tokens": plain["tokens"]})
+        self.assertEqual(status, 200, d)
+        self.assertEqual(d, {"prompt": text})
+
+    def test_bad_token_requests(self):
+        for path, body, param in [("/tokenize", {}, "prompt"), ("/detokenize", {"tokens": [1, 512]}, "tokens"),
+                                  ("/detokenize", {"tokens": "12"}, "tokens")]:
+            status, r = request("POST", path, body)
+            self.assertEqual(status, 400, r)
+            self.assertEqual(r["error"]["param"], param)
+        status, r = request("POST", "/tokenize", {"prompt": "x", "model": "another"})
+        self.assertEqual(status, 404, r)
+        status, r = request("GET", "/tokenize")
+        self.assertEqual(status, 405, r)
+
+
 class BadInput(unittest.TestCase):
     CASES = [
         # (path, body, status, param)
