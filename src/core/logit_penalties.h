@@ -5,6 +5,7 @@
 // a penalized logit alike (single roundings, no contraction), so both sample the same token.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 
 #include "core/sampling_filter.h"
@@ -18,7 +19,9 @@ struct Penalties {
   bool any() const { return repetition != 1.0f || frequency != 0.0f || presence != 0.0f; }
 };
 
-// A token a sequence has seen, and how often it generated it (0: only in the prompt).
+// A token a sequence has seen, and how often it generated it (0: only in the prompt); kBanned: a token
+// the sequence may not sample yet (a stop token before min_tokens), whose logit becomes -inf.
+inline constexpr int32_t kBanned = -1;
 struct SeenToken {
   int32_t token;
   int32_t generated;
@@ -28,6 +31,7 @@ struct SeenToken {
 NIBBLE_HOST_DEVICE inline float penalized_logit(float logit, int32_t generated, float repetition, float frequency,
                                                 float presence) {
   using namespace sampling_detail;
+  if (generated == kBanned) return -INFINITY;
   float x = logit > 0.0f ? div_rn(logit, repetition) : mul_rn(logit, repetition);
   if (generated > 0) x = sub_rn(sub_rn(x, mul_rn(frequency, static_cast<float>(generated))), presence);
   return x;

@@ -29,7 +29,7 @@ void penalize(Ops& ops, const std::vector<ScheduledSeq>& step, Tensor logits) {
   for (const ScheduledSeq& s : step) {
     if (!s.samples) continue;
     const Penalties& p = s.seq->params().sampling.penalties;
-    if (p.any()) {
+    if (p.any() || s.seq->num_generated() < s.seq->params().min_tokens) {
       float* row = penalties.data<float>() + r * 3;
       row[0] = p.repetition, row[1] = p.frequency, row[2] = p.presence;
       for (const SeenToken& t : s.seq->seen_tokens()) tokens.push_back(t.token), generated.push_back(t.generated);

@@ -23,6 +23,8 @@ Sequence::Sequence(int64_t id, std::vector<int32_t> prompt, RequestParams params
       params_(std::move(params)) {
   check(!tokens_.empty(), "a request needs at least one prompt token");
   check(params_.max_tokens >= 1, "max_tokens must be at least 1, got ", params_.max_tokens);
+  check(params_.min_tokens >= 0 && params_.min_tokens <= params_.max_tokens, "min_tokens must be in [0, max_tokens = ",
+        params_.max_tokens, "], got ", params_.min_tokens);
 }
 
 void Sequence::append(int32_t token) {
@@ -36,6 +38,8 @@ std::vector<SeenToken> Sequence::seen_tokens() const {
     for (int64_t i = 0; i < num_prompt_tokens_; ++i) seen.try_emplace(tokens_[static_cast<std::size_t>(i)], 0);
   std::vector<SeenToken> out;
   out.reserve(seen.size());
+  if (num_generated() < params_.min_tokens)
+    for (int64_t id : params_.stop_token_ids) seen[static_cast<int32_t>(id)] = kBanned;
   for (const auto& [token, generated] : seen) out.push_back({token, generated});
   return out;
 }

@@ -24,6 +24,7 @@ struct RequestParams {
   std::vector<int64_t> stop_token_ids;  // finish (reason stop) when one is sampled
   bool ignore_eos = false;
   int32_t logprobs = -1;  // -1: none; k >= 0: each sampled token's log-probability and the top k's
+  int64_t min_tokens = 0;  // the stop tokens cannot be sampled before this many tokens are generated
 };
 
 class Sequence {
@@ -41,8 +42,9 @@ class Sequence {
   int64_t num_generated() const { return num_tokens() - num_prompt_tokens_; }
   int32_t last_token() const { return tokens_.back(); }
   void append(int32_t token);
-  // With penalties: every distinct token of the prompt and the output (the output's alone when the
-  // repetition penalty is 1), in increasing order, with how often it was generated.
+  // The tokens whose logits this step changes, in increasing order: with penalties every distinct
+  // token of the prompt and the output (the output's alone when the repetition penalty is 1) with how
+  // often it was generated; before min_tokens, the stop tokens as kBanned.
   std::vector<SeenToken> seen_tokens() const;
 
   std::vector<int32_t> block_table;  // KV block ids, in order

@@ -9,7 +9,7 @@ Generation::Generation(AsyncEngine& engine, Metrics& metrics, const Tokenizer& t
     : engine_(engine),
       metrics_(metrics),
       prompt_tokens_(static_cast<int64_t>(prompt.size())),
-      text_(tokenizer, std::move(stop)),
+      text_(tokenizer, std::move(stop), params.min_tokens),  // before params moves on
       stream_(engine.submit(std::move(prompt), std::move(params))) {}
 
 Generation::~Generation() {

@@ -3,13 +3,14 @@
 
 namespace nibble {
 
-OutputText::OutputText(const Tokenizer& tokenizer, std::vector<std::string> stop)
-    : decoder_(tokenizer), stop_(std::move(stop)) {}
+OutputText::OutputText(const Tokenizer& tokenizer, std::vector<std::string> stop, int64_t min_tokens)
+    : decoder_(tokenizer), stop_(std::move(stop)), min_tokens_(min_tokens) {}
 
 std::string OutputText::push(int32_t token) {
   if (stopped()) return {};
   ++num_tokens_;
-  return stop_.push(decoder_.push(token)).text;
+  std::string text = decoder_.push(token);
+  return num_tokens_ <= min_tokens_ ? text : stop_.push(text).text;
 }
 
 void OutputText::count_hidden() {

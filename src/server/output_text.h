@@ -14,7 +14,8 @@ namespace nibble {
 
 class OutputText {
  public:
-  OutputText(const Tokenizer& tokenizer, std::vector<std::string> stop);
+  // Stop strings are looked for only in the text of tokens after the first min_tokens (as vLLM).
+  OutputText(const Tokenizer& tokenizer, std::vector<std::string> stop, int64_t min_tokens = 0);
 
   // The text `token` releases (possibly empty); after a stop string matched, nothing more.
   std::string push(int32_t token);
@@ -30,6 +31,7 @@ class OutputText {
   IncrementalDecoder decoder_;
   StopMatcher stop_;
   int64_t num_tokens_ = 0;
+  int64_t min_tokens_;
 };
 
 }  // namespace nibble

@@ -150,11 +150,6 @@ void parse_penalties(const json& body, GenerationRequest& r) {
 // What nibble does not implement: accepted at the neutral value (clients send that by default), a 400
 // naming the field otherwise, rather than output that silently ignores it.
 void reject_unsupported(const json& body) {
-  if (const json* v = field(body, "min_tokens")) {
-    const int64_t n = get_int(*v, "min_tokens");
-    if (n < 0) reject(400, "min_tokens", "min_tokens must be at least 0, got ", n);
-    if (n != 0) reject(400, "min_tokens", "min_tokens is not supported (only 0)");
-  }
   if (const json* v = field(body, "logit_bias")) {
     if (!v->is_object()) reject(400, "logit_bias", "logit_bias must be an object");
     if (!v->empty()) reject(400, "logit_bias", "logit_bias is not supported");
@@ -233,6 +228,10 @@ void parse_common(const json& body, GenerationRequest& r) {
     r.tokens_as_ids = get_bool(*v, "return_tokens_as_token_ids");
   parse_stop_token_ids(body, r);
   parse_penalties(body, r);
+  if (const json* v = field(body, "min_tokens")) {
+    r.min_tokens = get_int(*v, "min_tokens");
+    if (r.min_tokens < 0) reject(400, "min_tokens", "min_tokens must be at least 0, got ", r.min_tokens);
+  }
   reject_unsupported(body);
 }
 

@@ -33,6 +33,7 @@ struct GenerationRequest {
   std::optional<uint64_t> seed;       // unset: a fresh random seed per request
   std::vector<std::string> stop;      // matched on the output text, excluded from it
   std::vector<int64_t> stop_token_ids;  // vLLM's extension: finish (stop) on one; its text is not shown
+  int64_t min_tokens = 0;               // vLLM's: no stop token or string before this many tokens
   bool ignore_eos = false;            // nibble extension (as vLLM and SGLang)
   // Each generated token's log-probability and the top k's (completions: logprobs = k; chat: logprobs
   // true, top_logprobs = k), k <= kMaxLogprobs; tokens shown as "token_id:N" with vLLM's

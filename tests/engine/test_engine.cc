@@ -130,6 +130,35 @@ TEST_F(EngineTest, PenalizedRequestsMatchServedAlone) {
   EXPECT_TRUE(changed) << "no penalty changed any generation";
 }
 
+// min_tokens: no stop token is sampled before that many tokens, batched beside others; after it the
+// stop tokens end requests as before.
+TEST_F(EngineTest, MinTokensHoldsOffStopTokens) {
+  Engine engine(*model_, {.num_blocks = 128, .block_size = 4, .scheduler = {.max_running = 4, .max_batched_tokens = 32}});
+  std::vector<int64_t> stops;
+  for (int64_t t = 0; t < 400; ++t) stops.push_back(t);  // most of the vocabulary (512)
+  std::map<int64_t, int64_t> min_of;
+  for (int64_t i = 0; i < 4; ++i) {
+    RequestParams params{.max_tokens = 12, .stop_token_ids = stops, .min_tokens = 2 * i + 2};
+    if (i % 2) params.sampling = {.temperature = 1.0f, .seed = static_cast<uint64_t>(i)};
+    min_of[engine.add_request({5, 6, 7, static_cast<int32_t>(100 + i)}, params)] = params.min_tokens;
+  }
+  std::map<int64_t, std::vector<int32_t>> out;
+  std::map<int64_t, FinishReason> reason;
+  while (engine.has_unfinished())
+    for (const StepOutput& o : engine.step()) {
+      out[o.id].push_back(o.token);
+      if (o.finished) reason[o.id] = o.reason;
+    }
+  for (const auto& [id, tokens] : out) {
+    const int64_t min = min_of.at(id);
+    ASSERT_GE(static_cast<int64_t>(tokens.size()), min) << "request " << id;
+    for (int64_t j = 0; j < min; ++j) EXPECT_GE(tokens[static_cast<std::size_t>(j)], 400) << "request " << id;
+    if (reason.at(id) == FinishReason::kStop) {
+      EXPECT_LT(tokens.back(), 400);
+    }
+  }
+}
+
 TEST_F(EngineTest, PreemptionByRecomputeKeepsResults) {
   const auto requests = mixed_requests(12, 2);
   // 24 blocks of 4 tokens: far fewer than the requests need together.

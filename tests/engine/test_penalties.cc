@@ -3,6 +3,7 @@
 // rows in CSR form, and a sequence's seen tokens.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <vector>
 
 #include "core/logit_penalties.h"
@@ -23,6 +24,8 @@ TEST(Penalties, PenalizedLogitHandDerived) {
   EXPECT_EQ(penalized_logit(-1.0f, 1, 1.5f, -0.5f, 1.0f), -2.0f);
   // Negative presence raises: 0 · 4 = 0, then − 1 · 2 − (−2) = 0.
   EXPECT_EQ(penalized_logit(0.0f, 2, 4.0f, 1.0f, -2.0f), 0.0f);
+  // A banned token (a stop token before min_tokens) cannot be sampled.
+  EXPECT_EQ(penalized_logit(7.0f, kBanned, 1.0f, 0.0f, 0.0f), -INFINITY);
   EXPECT_FALSE(Penalties{}.any());
   EXPECT_TRUE((Penalties{.presence = 0.1f}).any());
 }
@@ -64,6 +67,16 @@ TEST(Penalties, SequenceSeenTokens) {
   // Without one only the generated tokens matter.
   EXPECT_EQ(sequence({.frequency = 0.5f}), (std::vector<SeenToken>{{3, 2}, {7, 1}}));
   EXPECT_TRUE(sequence({}).empty());
+}
+
+TEST(Penalties, StopTokensBannedBeforeMinTokens) {
+  Sequence s(1, {5, 3}, {.sampling = {.penalties = {.frequency = 0.5f}}, .max_tokens = 8, .stop_token_ids = {9, 3},
+                         .min_tokens = 2});
+  EXPECT_EQ(s.seen_tokens(), (std::vector<SeenToken>{{3, kBanned}, {9, kBanned}}));
+  s.append(3);  // the runner would not let it, but the counts go on
+  EXPECT_EQ(s.seen_tokens(), (std::vector<SeenToken>{{3, kBanned}, {9, kBanned}}));
+  s.append(4);
+  EXPECT_EQ(s.seen_tokens(), (std::vector<SeenToken>{{3, 1}, {4, 1}}));  // two generated: none banned
 }
 
 }  // namespace

@@ -67,6 +67,11 @@ TEST_F(PrepareTest, Limits) {
   EXPECT_EQ(rejected_param(R"({"prompt": [1, 2], "stop_token_ids": [3, 512]})"), "stop_token_ids");
 }
 
+TEST_F(PrepareTest, MinTokens) {
+  EXPECT_EQ(run(R"({"prompt": "a", "max_tokens": 8, "min_tokens": 8})").params.min_tokens, 8);
+  EXPECT_EQ(rejected_param(R"({"prompt": "a", "max_tokens": 8, "min_tokens": 9})"), "min_tokens");
+}
+
 TEST_F(PrepareTest, StopTokenIdsReachTheEngine) {
   EXPECT_EQ(run(R"({"prompt": "a", "stop_token_ids": [0, 511, 7]})").params.stop_token_ids,
             (std::vector<int64_t>{0, 511, 7}));

@@ -61,6 +61,7 @@ TEST(Protocol, CompletionFields) {
   EXPECT_EQ(r.sampling.penalties.presence, -0.5f);
   EXPECT_EQ(r.sampling.penalties.frequency, 1.5f);
   EXPECT_EQ(r.sampling.penalties.repetition, 1.25f);
+  EXPECT_EQ(parse_completion_request(R"({"prompt": "p", "min_tokens": 3})").min_tokens, 3);
   EXPECT_FALSE(parse_completion_request(R"({"prompt": "p"})").sampling.penalties.any());
 }
 
@@ -137,9 +138,9 @@ TEST(Protocol, RejectsBadCompletions) {
       {R"({"prompt": "p", "frequency_penalty": "0"})", "frequency_penalty"},
       {R"({"prompt": "p", "repetition_penalty": 0})", "repetition_penalty"},
       {R"({"prompt": "p", "repetition_penalty": -1})", "repetition_penalty"},
-      // Accepted only where they change nothing: output that ignored them would mislead.
-      {R"({"prompt": "p", "min_tokens": 4})", "min_tokens"},
       {R"({"prompt": "p", "min_tokens": -1})", "min_tokens"},
+      {R"({"prompt": "p", "min_tokens": 1.5})", "min_tokens"},
+      // Accepted only where it changes nothing: output that ignored it would mislead.
       {R"({"prompt": "p", "logit_bias": {"5": 10}})", "logit_bias"},
       {R"({"prompt": "p", "logit_bias": [1]})", "logit_bias"},
   };

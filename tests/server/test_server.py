@@ -200,6 +200,25 @@ class Logprobs(unittest.TestCase):
         self.assertEqual(r["choices"][0]["finish_reason"], "stop")
         self.assertEqual(r["usage"]["completion_tokens"], ids.index(stop) + 1)
 
+    def test_min_tokens_holds_off_stop_tokens_and_strings(self):
+        r = self.completion(logprobs=0, return_tokens_as_token_ids=True)
+        ids = [int(t.split(":")[1]) for t in r["choices"][0]["logprobs"]["tokens"]]
+        full = self.completion()["choices"][0]["text"]
+        # The first greedy token as a stop token: alone it ends the request at once; with min_tokens 3
+        # it cannot come first, and the request runs at least 3 tokens.
+        self.assertEqual(self.completion(stop_token_ids=[ids[0]])["usage"]["completion_tokens"], 1)
+        r = self.completion(stop_token_ids=[ids[0]], min_tokens=3, logprobs=0, return_tokens_as_token_ids=True)
+        got = [int(t.split(":")[1]) for t in r["choices"][0]["logprobs"]["tokens"]]
+        self.assertGreaterEqual(len(got), 3)
+        self.assertNotIn(ids[0], got[:3])
+        # A stop string in the first tokens' text is not looked for until min_tokens have come.
+        stop = full[:2]
+        self.assertTrue(stop.strip(), f"degenerate text {full!r}")
+        self.assertEqual(self.completion(stop=[stop])["choices"][0]["text"], "")
+        held = self.completion(stop=[stop], min_tokens=4)
+        self.assertGreaterEqual(held["usage"]["completion_tokens"], 4)
+        self.assertTrue(full.startswith(held["choices"][0]["text"][:len(stop)]), (held, full))
+
     def test_chat_logprobs(self):
         body = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 5, "temperature": 0,
                 "ignore_eos": True, "logprobs": True, "top_logprobs": 2}
@@ -279,7 +298,7 @@ class BadInput(unittest.TestCase):
         ("/v1/completions", {"prompt": "hi", "n": 2}, 400, "n"),
         ("/v1/completions", {"prompt": "hi", "presence_penalty": 2.5}, 400, "presence_penalty"),
         ("/v1/completions", {"prompt": "hi", "repetition_penalty": 0}, 400, "repetition_penalty"),
-        ("/v1/completions", {"prompt": "hi", "min_tokens": 3}, 400, "min_tokens"),
+        ("/v1/completions", {"prompt": "hi", "max_tokens": 5, "min_tokens": 6}, 400, "min_tokens"),
         ("/v1/completions", {"prompt": "hi", "logprobs": 21}, 400, "logprobs"),
         ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2}, 400,
          "top_logprobs"),
