@@ -193,7 +193,7 @@ TEST(CudaSampling, FilteredSampleMatchesHost) {
 }
 
 // Penalties (logit_penalties.h) on random rows: each row a random set of distinct seen tokens with
-// random counts (0: prompt only) and its own repetition, frequency and presence (row 2 none at all),
+// random counts (0: prompt only, kBanned: -inf) and its own repetition, frequency and presence (row 2 none at all),
 // against Ops::penalize on the host, bit for bit, every logit of every row compared.
 TEST(CudaSampling, PenalizeMatchesHost) {
   SKIP_WITHOUT_GPU();
@@ -212,7 +212,7 @@ TEST(CudaSampling, PenalizeMatchesHost) {
         std::iota(ids.begin(), ids.end(), 0);
         std::shuffle(ids.begin(), ids.end(), rng);
         const std::size_t n = std::min<std::size_t>(ids.size(), 1 + rng() % 700);
-        for (std::size_t i = 0; i < n; ++i) tokens.push_back(ids[i]), generated.push_back(static_cast<int32_t>(rng() % 4));
+        for (std::size_t i = 0; i < n; ++i) tokens.push_back(ids[i]), generated.push_back(static_cast<int32_t>(rng() % 5) - 1);  // kBanned too
       }
       offsets.push_back(static_cast<int32_t>(tokens.size()));
     }
