@@ -193,8 +193,8 @@ TEST(CudaSampling, FilteredSampleMatchesHost) {
 }
 
 // Penalties (logit_penalties.h) on random rows: each row a random set of distinct seen tokens with
-// random counts (0: prompt only, kBanned: -inf) and its own repetition, frequency and presence (row 2 none at all),
-// against Ops::penalize on the host, bit for bit, every logit of every row compared.
+// random counts (0: prompt only, kBanned: -inf) and its own repetition, frequency and presence (row
+// 2 none at all), against Ops::penalize on the host, bit for bit, every logit of every row compared.
 TEST(CudaSampling, PenalizeMatchesHost) {
   SKIP_WITHOUT_GPU();
   std::mt19937 rng(17);
