@@ -1,4 +1,4 @@
-// Whole and streamed generation responses.
+// Whole and streamed generation responses, for the request's n choices.
 #include "server/generation_handler.h"
 
 #include <chrono>
@@ -7,7 +7,7 @@
 #include <memory>
 
 #include "server/api_error.h"
-#include "server/generation.h"
+#include "server/choices.h"
 #include "server/responses.h"
 
 namespace nibble {
@@ -20,37 +20,12 @@ using namespace std::chrono_literals;
 constexpr auto kKeepAlive = 2s;
 constexpr auto kPoll = 200ms;  // how often a streaming handler wakes up while waiting
 
-// How a request's tokens show in its logprobs: their text with special tokens (or "token_id:N"), and
-// the character where each starts among those texts, counted on from `offset`.
-struct LogprobsView {
-  const Tokenizer* tokenizer = nullptr;  // null: the request asked for none
-  bool as_ids = false;
-  int64_t offset = 0;
-
-  std::string token_text(int32_t id) const {
-    if (as_ids) return "token_id:" + std::to_string(id);
-    const int32_t ids[] = {id};
-    return tokenizer->decode(ids, SkipSpecialTokens::kNo);
-  }
-  ShownLogprobs show(const std::vector<std::pair<int32_t, TokenLogprobs>>& entries) {
-    ShownLogprobs out;
-    for (const auto& [id, lp] : entries) {
-      ShownLogprob t{.token = token_text(id), .logprob = lp.logprob, .top = {}, .text_offset = offset};
-      for (const auto& [alt, alt_lp] : lp.top) t.top.emplace_back(token_text(alt), alt_lp);
-      for (unsigned char c : t.token) offset += (c & 0xC0) != 0x80;  // characters: bytes that start one
-      out.push_back(std::move(t));
-    }
-    return out;
-  }
-};
-
 // Everything one stream needs after the handler has returned (httplib calls the provider later).
 struct StreamState {
   ResponseMeta meta;
   UsageField usage_field;
   bool include_usage;
-  LogprobsView logprobs;
-  std::unique_ptr<Generation> generation;
+  Choices choices;
   bool started = false;
   std::chrono::steady_clock::time_point last_write = std::chrono::steady_clock::now();
 };
@@ -61,24 +36,24 @@ bool write_stream(StreamState& s, httplib::DataSink& sink) {
   std::string out;
   if (!s.started) {
     s.started = true;
-    if (s.meta.endpoint == Endpoint::kChat) out += role_event(s.meta, s.usage_field);
+    if (s.meta.endpoint == Endpoint::kChat)
+      for (int i = 0; i < s.choices.size(); ++i) out += role_event(s.meta, i, s.usage_field);
   }
-  Generation& g = *s.generation;
-  const std::string text = g.advance(kPoll);
-  const auto logprobs = g.take_logprobs();
-  if (s.logprobs.tokenizer != nullptr && (!text.empty() || !logprobs.empty())) {
-    const ShownLogprobs shown = s.logprobs.show(logprobs);
-    out += text_event(s.meta, text, s.usage_field, &shown);
-  } else if (!text.empty()) {
-    out += text_event(s.meta, text, s.usage_field);
+  const std::vector<Choices::Update> updates = s.choices.poll(kPoll);
+  const std::optional<StreamError> error = s.choices.error();
+  for (const Choices::Update& u : updates) {
+    const ShownLogprobs* logprobs = u.logprobs ? &*u.logprobs : nullptr;
+    if (!u.text.empty() || (logprobs && !logprobs->empty()))
+      out += text_event(s.meta, u.index, u.text, s.usage_field, logprobs);
+    if (u.finished && !error) out += finish_event(s.meta, u.index, s.choices[u.index].finish_reason(), s.usage_field);
   }
-  if (g.done()) {
-    if (g.error()) {
-      out += error_event(g.error()->status, g.error()->message);
-    } else {
-      out += finish_event(s.meta, g.finish_reason(), s.usage_field);
-      if (s.include_usage) out += usage_event(s.meta, {g.prompt_tokens(), g.completion_tokens()});
-    }
+  if (error) s.choices.abort();  // the other choices end too
+  const bool done = s.choices.done();
+  if (done) {
+    if (error)
+      out += error_event(error->status, error->message);
+    else if (s.include_usage)
+      out += usage_event(s.meta, s.choices.usage());
     out += kDoneEvent;
   }
   const auto now = std::chrono::steady_clock::now();
@@ -87,18 +62,16 @@ bool write_stream(StreamState& s, httplib::DataSink& sink) {
     s.last_write = now;
     if (!sink.write(out.data(), out.size())) return false;
   }
-  if (g.done()) sink.done();
+  if (done) sink.done();
   return true;
 }
 
-void respond_streaming(ResponseMeta meta, const GenerationRequest& r, LogprobsView logprobs,
-                       std::unique_ptr<Generation> generation, httplib::Response& response) {
+void respond_streaming(ResponseMeta meta, const GenerationRequest& r, Choices choices, httplib::Response& response) {
   auto state = std::make_shared<StreamState>(
       StreamState{.meta = std::move(meta),
                   .usage_field = r.include_usage ? UsageField::kNull : UsageField::kAbsent,
                   .include_usage = r.include_usage,
-                  .logprobs = logprobs,
-                  .generation = std::move(generation)});
+                  .choices = std::move(choices)});
   response.set_header("Cache-Control", "no-cache");
   response.set_chunked_content_provider(
       "text/event-stream",
@@ -114,26 +87,32 @@ void respond_streaming(ResponseMeta meta, const GenerationRequest& r, LogprobsVi
           return false;
         }
       },
-      [state](bool) { state->generation->abort(); });  // no-op when it ended normally
+      [state](bool) { state->choices.abort(); });  // no-op when it ended normally
 }
 
-void respond_whole(const ResponseMeta& meta, LogprobsView logprobs, Generation& g, httplib::Response& response) {
-  std::string text;
-  ShownLogprobs shown;
-  while (!g.done()) {
-    text += g.advance(1s);
-    if (logprobs.tokenizer != nullptr)
-      for (ShownLogprob& t : logprobs.show(g.take_logprobs())) shown.push_back(std::move(t));
+void respond_whole(const ResponseMeta& meta, Choices& choices, httplib::Response& response) {
+  std::vector<ChoiceResult> results(static_cast<std::size_t>(choices.size()));
+  std::vector<ShownLogprobs> shown(results.size());
+  bool logprobs = false;
+  while (!choices.done() && !choices.error()) {
+    for (Choices::Update& u : choices.poll(1s)) {
+      results[static_cast<std::size_t>(u.index)].text += u.text;
+      if (!u.logprobs) continue;
+      logprobs = true;
+      for (ShownLogprob& t : *u.logprobs) shown[static_cast<std::size_t>(u.index)].push_back(std::move(t));
+    }
   }
-  if (g.error()) {
-    response.status = g.error()->status;
-    response.set_content(error_body(g.error()->status, g.error()->message), "application/json");
+  if (const std::optional<StreamError> error = choices.error()) {
+    choices.abort();
+    response.status = error->status;
+    response.set_content(error_body(error->status, error->message), "application/json");
     return;
   }
-  response.set_content(
-      full_response(meta, text, g.finish_reason(), {g.prompt_tokens(), g.completion_tokens()},
-                    logprobs.tokenizer != nullptr ? &shown : nullptr),
-      "application/json");
+  for (std::size_t i = 0; i < results.size(); ++i) {
+    results[i].finish_reason = choices[static_cast<int>(i)].finish_reason();
+    if (logprobs) results[i].logprobs = &shown[i];
+  }
+  response.set_content(full_response(meta, results, choices.usage()), "application/json");
 }
 
 }  // namespace
@@ -146,15 +125,20 @@ void handle_generation(const ServingContext& c, Endpoint endpoint, const httplib
   if (!r.model.empty() && r.model != served)
     reject(404, "model", "the model ", r.model, " does not exist; this server serves ", served);
   if (!c.engine.healthy()) reject(503, "", "the engine has failed; restart the server");
-  PreparedRequest p = prepare(r, c.tokenizer, c.chat_template, c.limits);
-  auto generation = std::make_unique<Generation>(c.engine, c.metrics, c.tokenizer,
-                                                 std::move(p.prompt), std::move(p.params), r.stop);
+  const PreparedRequest p = prepare(r, c.tokenizer, c.chat_template, c.limits);
+  // Choice i samples with the request's seed + i (each its own draws), or its own random seed.
+  std::vector<std::unique_ptr<Generation>> generations;
+  for (int64_t i = 0; i < r.n; ++i) {
+    RequestParams params = p.params;
+    if (i > 0) params.sampling.seed = r.seed ? *r.seed + static_cast<uint64_t>(i) : random_seed();
+    generations.push_back(std::make_unique<Generation>(c.engine, c.metrics, c.tokenizer, p.prompt, params, r.stop));
+  }
+  Choices choices(std::move(generations), {.tokenizer = r.logprobs ? &c.tokenizer : nullptr, .as_ids = r.tokens_as_ids});
   ResponseMeta meta = new_response_meta(endpoint, served);
-  const LogprobsView logprobs{.tokenizer = r.logprobs ? &c.tokenizer : nullptr, .as_ids = r.tokens_as_ids};
   if (r.stream)
-    respond_streaming(std::move(meta), r, logprobs, std::move(generation), response);
+    respond_streaming(std::move(meta), r, std::move(choices), response);
   else
-    respond_whole(meta, logprobs, *generation, response);
+    respond_whole(meta, choices, response);
 }
 
 }  // namespace nibble

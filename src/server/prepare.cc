@@ -28,14 +28,14 @@ std::vector<int32_t> build_prompt(const GenerationRequest& r, const Tokenizer& t
   return tokenizer.encode(r.prompt_text);
 }
 
+}  // namespace
+
 uint64_t random_seed() {
   static std::mutex mutex;
   static std::mt19937_64 rng{std::random_device{}()};
   std::lock_guard lock(mutex);
   return rng();
 }
-
-}  // namespace
 
 PreparedRequest prepare(const GenerationRequest& r, const Tokenizer& tokenizer,
                         const ChatTemplate& chat_template, const ModelLimits& limits) {

@@ -26,6 +26,9 @@ struct PreparedRequest {
 
 constexpr int64_t kDefaultCompletionMaxTokens = 16;  // OpenAI's default for /v1/completions
 
+// A fresh seed for a request that gave none.
+uint64_t random_seed();
+
 PreparedRequest prepare(const GenerationRequest& request, const Tokenizer& tokenizer,
                         const ChatTemplate& chat_template, const ModelLimits& limits);
 

@@ -207,8 +207,8 @@ void parse_common(const json& body, GenerationRequest& r) {
         v->is_number_unsigned() ? v->get<uint64_t>() : static_cast<uint64_t>(v->get<int64_t>());
   }
   if (const json* v = field(body, "n")) {
-    const int64_t n = get_int(*v, "n");
-    if (n != 1) reject(400, "n", "only n = 1 is supported, got ", n);
+    r.n = get_int(*v, "n");
+    if (r.n < 1 || r.n > kMaxChoices) reject(400, "n", "n must be in [1, ", kMaxChoices, "], got ", r.n);
   }
   if (const json* v = field(body, "best_of")) {
     const int64_t n = get_int(*v, "best_of");

@@ -18,6 +18,8 @@ namespace nibble {
 
 enum class Endpoint : uint8_t { kCompletion, kChat };
 
+inline constexpr int64_t kMaxChoices = 128;  // OpenAI's limit on n
+
 struct GenerationRequest {
   Endpoint endpoint = Endpoint::kCompletion;
   std::string model;  // empty when the client sent none
@@ -40,6 +42,7 @@ struct GenerationRequest {
   // return_tokens_as_token_ids.
   std::optional<int32_t> logprobs;
   bool tokens_as_ids = false;
+  int64_t n = 1;  // choices, each its own generation
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
 };

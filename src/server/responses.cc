@@ -87,9 +87,9 @@ json logprobs_json(const ResponseMeta& m, const ShownLogprobs* l) {
 }
 
 // One streamed choice: a chat delta or a completion's text piece.
-std::string chunk_event(const ResponseMeta& m, json delta_or_text, const json& finish_reason,
+std::string chunk_event(const ResponseMeta& m, int index, json delta_or_text, const json& finish_reason,
                         UsageField usage, const ShownLogprobs* logprobs = nullptr) {
-  json choice = {{"index", 0}};
+  json choice = {{"index", index}};
   if (is_chat(m))
     choice["delta"] = std::move(delta_or_text);
   else
@@ -112,33 +112,36 @@ ResponseMeta new_response_meta(Endpoint endpoint, const std::string& model) {
           .model = model};
 }
 
-std::string full_response(const ResponseMeta& m, const std::string& text,
-                          const std::string& finish_reason, const Usage& usage, const ShownLogprobs* logprobs) {
-  json choice = {{"index", 0}};
-  if (is_chat(m))
-    choice["message"] = {{"role", "assistant"}, {"content", text}};
-  else
-    choice["text"] = text;
-  choice["logprobs"] = logprobs_json(m, logprobs);
-  choice["finish_reason"] = finish_reason;
+std::string full_response(const ResponseMeta& m, const std::vector<ChoiceResult>& choices, const Usage& usage) {
+  json array = json::array();
+  for (std::size_t i = 0; i < choices.size(); ++i) {
+    const ChoiceResult& c = choices[i];
+    json choice = {{"index", i}};
+    if (is_chat(m))
+      choice["message"] = {{"role", "assistant"}, {"content", c.text}};
+    else
+      choice["text"] = c.text;
+    choice["logprobs"] = logprobs_json(m, c.logprobs);
+    choice["finish_reason"] = c.finish_reason;
+    array.push_back(std::move(choice));
+  }
   json body = envelope(m, is_chat(m) ? "chat.completion" : "text_completion");
-  body["choices"] = json::array({std::move(choice)});
+  body["choices"] = std::move(array);
   body["usage"] = usage_json(usage);
   return dump(body);
 }
 
-std::string role_event(const ResponseMeta& m, UsageField usage) {
-  return chunk_event(m, {{"role", "assistant"}, {"content", ""}}, nullptr, usage);
+std::string role_event(const ResponseMeta& m, int index, UsageField usage) {
+  return chunk_event(m, index, {{"role", "assistant"}, {"content", ""}}, nullptr, usage);
 }
 
-std::string text_event(const ResponseMeta& m, const std::string& text, UsageField usage,
+std::string text_event(const ResponseMeta& m, int index, const std::string& text, UsageField usage,
                        const ShownLogprobs* logprobs) {
-  return chunk_event(m, is_chat(m) ? json{{"content", text}} : json(text), nullptr, usage, logprobs);
+  return chunk_event(m, index, is_chat(m) ? json{{"content", text}} : json(text), nullptr, usage, logprobs);
 }
 
-std::string finish_event(const ResponseMeta& m, const std::string& finish_reason,
-                         UsageField usage) {
-  return chunk_event(m, is_chat(m) ? json::object() : json(""), finish_reason, usage);
+std::string finish_event(const ResponseMeta& m, int index, const std::string& finish_reason, UsageField usage) {
+  return chunk_event(m, index, is_chat(m) ? json::object() : json(""), finish_reason, usage);
 }
 
 std::string usage_event(const ResponseMeta& m, const Usage& usage) {

@@ -38,19 +38,22 @@ using ShownLogprobs = std::vector<ShownLogprob>;
 // A fresh id and the current time for a response of `endpoint`.
 ResponseMeta new_response_meta(Endpoint endpoint, const std::string& model);
 
-std::string full_response(const ResponseMeta& meta, const std::string& text,
-                          const std::string& finish_reason, const Usage& usage,
-                          const ShownLogprobs* logprobs = nullptr);
+// One choice of a whole response (the request's n choices are numbered by their order).
+struct ChoiceResult {
+  std::string text;
+  std::string finish_reason;
+  const ShownLogprobs* logprobs = nullptr;  // null: "logprobs": null
+};
+std::string full_response(const ResponseMeta& meta, const std::vector<ChoiceResult>& choices, const Usage& usage);
 
 // Stream events, each "data: {...}\n\n". With include_usage every chunk carries "usage": null and
 // the usage event (empty choices) comes last before [DONE], as OpenAI does.
 enum class UsageField : uint8_t { kAbsent, kNull };
-std::string role_event(const ResponseMeta& meta,
-                       UsageField usage);  // chat only: the assistant role
-std::string text_event(const ResponseMeta& meta, const std::string& text, UsageField usage,
+// Each for choice `index` of the request's n.
+std::string role_event(const ResponseMeta& meta, int index, UsageField usage);  // chat only: the assistant role
+std::string text_event(const ResponseMeta& meta, int index, const std::string& text, UsageField usage,
                        const ShownLogprobs* logprobs = nullptr);
-std::string finish_event(const ResponseMeta& meta, const std::string& finish_reason,
-                         UsageField usage);
+std::string finish_event(const ResponseMeta& meta, int index, const std::string& finish_reason, UsageField usage);
 std::string usage_event(const ResponseMeta& meta, const Usage& usage);
 std::string error_event(int status, const std::string& message);
 inline constexpr char kDoneEvent[] = "data: [DONE]\n\n";

@@ -62,6 +62,7 @@ TEST(Protocol, CompletionFields) {
   EXPECT_EQ(r.sampling.penalties.frequency, 1.5f);
   EXPECT_EQ(r.sampling.penalties.repetition, 1.25f);
   EXPECT_EQ(parse_completion_request(R"({"prompt": "p", "min_tokens": 3})").min_tokens, 3);
+  EXPECT_EQ(parse_completion_request(R"({"prompt": "p", "n": 4})").n, 4);
   EXPECT_FALSE(parse_completion_request(R"({"prompt": "p"})").sampling.penalties.any());
 }
 
@@ -115,7 +116,8 @@ TEST(Protocol, RejectsBadCompletions) {
       {R"({"prompt": "p", "top_k": -5})", "top_k"},
       {R"({"prompt": "p", "top_k": 1.5})", "top_k"},
       {R"({"prompt": "p", "seed": 1.5})", "seed"},
-      {R"({"prompt": "p", "n": 2})", "n"},
+      {R"({"prompt": "p", "n": 0})", "n"},
+      {R"({"prompt": "p", "n": 129})", "n"},
       {R"({"prompt": "p", "best_of": 3})", "best_of"},
       {R"({"prompt": "p", "echo": true})", "echo"},
       {R"({"prompt": "p", "logprobs": 21})", "logprobs"},

@@ -237,6 +237,52 @@ class Logprobs(unittest.TestCase):
         self.assertEqual([t.token for t in chat.choices[0].logprobs.content], [t["token"] for t in content])
 
 
+class Choices(unittest.TestCase):
+    BODY = {"prompt": "Once upon a time", "max_tokens": 12, "ignore_eos": True, "temperature": 0.9, "seed": 11}
+
+    def test_n_choices_are_the_seeds_one_by_one(self):
+        status, r = request("POST", "/v1/completions", {**self.BODY, "n": 3, "logprobs": 1})
+        self.assertEqual(status, 200, r)
+        self.assertEqual([c["index"] for c in r["choices"]], [0, 1, 2])
+        # Choice i samples as the request with seed + i alone does.
+        for i, choice in enumerate(r["choices"]):
+            status, alone = request("POST", "/v1/completions", {**self.BODY, "seed": 11 + i, "logprobs": 1})
+            self.assertEqual(choice["text"], alone["choices"][0]["text"], f"choice {i}")
+            self.assertEqual(choice["logprobs"]["tokens"], alone["choices"][0]["logprobs"]["tokens"])
+            self.assertEqual(choice["finish_reason"], "length")
+        self.assertEqual(r["usage"]["completion_tokens"], 3 * 12)
+        self.assertEqual(r["usage"]["prompt_tokens"], token_count("Once upon a time"))
+        self.assertGreater(len({c["text"] for c in r["choices"]}), 1, "three seeds sampled one text")
+        # Streamed: each choice's pieces, put together, are its whole text; one finish each.
+        events, done = stream("/v1/completions", {**self.BODY, "n": 3, "stream_options": {"include_usage": True}})
+        self.assertTrue(done)
+        texts, finishes = ["", "", ""], [[], [], []]
+        for e in events:
+            for c in e["choices"]:
+                texts[c["index"]] += c["text"]
+                if c["finish_reason"]:
+                    finishes[c["index"]].append(c["finish_reason"])
+        self.assertEqual(texts, [c["text"] for c in r["choices"]])
+        self.assertEqual(finishes, [["length"]] * 3)
+        self.assertEqual(events[-1]["usage"]["completion_tokens"], 36)
+        wait_for_kv_blocks_free(self)
+
+    def test_chat_n_with_the_openai_client(self):
+        chat = client().chat.completions.create(model=SERVED_NAME, messages=[{"role": "user", "content": "Hi"}],
+                                                max_tokens=6, temperature=0.8, seed=5, n=2,
+                                                extra_body={"ignore_eos": True})
+        self.assertEqual([c.index for c in chat.choices], [0, 1])
+        self.assertEqual(chat.usage.completion_tokens, 12)
+        chunks = list(client().chat.completions.create(
+            model=SERVED_NAME, messages=[{"role": "user", "content": "Hi"}], max_tokens=6, temperature=0.8,
+            seed=5, n=2, stream=True, extra_body={"ignore_eos": True}))
+        texts = ["", ""]
+        for chunk in chunks:
+            for c in chunk.choices:
+                texts[c.index] += c.delta.content or ""
+        self.assertEqual(texts, [c.message.content for c in chat.choices])
+
+
 class Tokenize(unittest.TestCase):
     def test_tokenize_counts_what_generation_counts(self):
         text = "The quick brown fox"
@@ -295,7 +341,7 @@ class BadInput(unittest.TestCase):
         ("/v1/completions", {"prompt": "hi", "max_tokens": 1.5}, 400, "max_tokens"),
         ("/v1/completions", {"prompt": "hi", "max_tokens": 100000}, 400, "max_tokens"),  # beyond the context
         ("/v1/completions", {"prompt": "hi " * 600}, 400, "prompt"),  # longer than the context
-        ("/v1/completions", {"prompt": "hi", "n": 2}, 400, "n"),
+        ("/v1/completions", {"prompt": "hi", "n": 0}, 400, "n"),
         ("/v1/completions", {"prompt": "hi", "presence_penalty": 2.5}, 400, "presence_penalty"),
         ("/v1/completions", {"prompt": "hi", "repetition_penalty": 0}, 400, "repetition_penalty"),
         ("/v1/completions", {"prompt": "hi", "max_tokens": 5, "min_tokens": 6}, 400, "min_tokens"),
