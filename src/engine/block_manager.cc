@@ -36,7 +36,8 @@ int32_t BlockManager::take_free_block() {
 }
 
 void BlockManager::attach_prefix(Sequence& seq) {
-  if (!seq.block_table.empty()) return;
+  // A request for prompt log-probabilities computes its whole prompt (a cached prefix has no logits).
+  if (!seq.block_table.empty() || seq.params().prompt_logprobs >= 0) return;
   const int64_t full = (seq.num_tokens() - 1) / block_size_;  // leave the last token to compute
   for (int64_t i = 0; i < full; ++i) {
     auto it = cached_.find(prefix_hash(seq, i));

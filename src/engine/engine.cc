@@ -24,8 +24,8 @@ int64_t Engine::add_request(std::vector<int32_t> prompt, RequestParams params) {
   if (!params.ignore_eos)
     params.stop_token_ids.insert(params.stop_token_ids.end(), c.eos_token_ids.begin(), c.eos_token_ids.end());
   validate(params.sampling);
-  check(params.logprobs >= -1 && params.logprobs <= kMaxLogprobs, "logprobs must be in [0, ", kMaxLogprobs,
-        "] (or -1: none), got ", params.logprobs);
+  for (const int32_t k : {params.logprobs, params.prompt_logprobs})
+    check(k >= -1 && k <= kMaxLogprobs, "logprobs must be in [0, ", kMaxLogprobs, "] (or -1: none), got ", k);
   auto seq = std::make_shared<Sequence>(next_id_, std::move(prompt), std::move(params));
   scheduler_.add(seq);
   live_[next_id_] = seq;
@@ -44,8 +44,13 @@ std::vector<StepOutput> Engine::step() {
     const bool done = seq.status == SequenceStatus::kFinished;
     out.push_back({.id = seq.id(), .token = seq.last_token(), .finished = done, .reason = seq.finish_reason,
                    .prompt_tokens = seq.num_prompt_tokens(), .generated_tokens = seq.num_generated(),
-                   .logprobs = std::move(seq.last_logprobs)});
+                   .logprobs = std::move(seq.last_logprobs), .prompt_logprobs = {}});
     seq.last_logprobs.reset();
+    if (seq.params().prompt_logprobs >= 0 && !seq.prompt_logprobs_sent) {
+      seq.prompt_logprobs.resize(static_cast<std::size_t>(seq.num_prompt_tokens()));  // a one-token prompt has none
+      out.back().prompt_logprobs = std::move(seq.prompt_logprobs);
+      seq.prompt_logprobs_sent = true;
+    }
     if (done) live_.erase(seq.id());
   }
   return out;

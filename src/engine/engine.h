@@ -31,6 +31,9 @@ struct StepOutput {
   int64_t prompt_tokens;
   int64_t generated_tokens;
   std::optional<TokenLogprobs> logprobs;  // where the request asked (RequestParams::logprobs)
+  // With the first token, where the request asked (RequestParams::prompt_logprobs): one entry per
+  // prompt token, the first empty.
+  std::vector<std::optional<TokenLogprobs>> prompt_logprobs;
 };
 
 class Engine {

@@ -141,9 +141,19 @@ std::vector<int32_t> ModelRunner::run(const std::vector<ScheduledSeq>& step) {
   for (const ScheduledSeq& s : step) max_blocks = std::max(max_blocks, s.seq->block_table.size());
   std::vector<int32_t> tables(step.size() * max_blocks, 0);
   int64_t max_query = 0, max_len = 0;
+  // Prompt positions whose logits give prompt log-probabilities: (sequence, position, its row).
+  struct PromptRow {
+    Sequence* seq;
+    int64_t position;
+    int32_t row;
+  };
+  std::vector<PromptRow> prompt_rows;
   for (std::size_t i = 0; i < step.size(); ++i) {
-    const Sequence& seq = *step[i].seq;
+    Sequence& seq = *step[i].seq;
     const int64_t begin = seq.num_computed_tokens, end = begin + step[i].new_tokens;
+    if (seq.params().prompt_logprobs >= 0 && !seq.prompt_logprobs_sent)
+      for (int64_t p = begin; p < std::min(end, seq.num_prompt_tokens() - 1); ++p)
+        prompt_rows.push_back({&seq, p, static_cast<int32_t>(static_cast<int64_t>(ids.size()) + p - begin)});
     for (int64_t p = begin; p < end; ++p) {
       ids.push_back(seq.tokens()[p]);
       positions.push_back(static_cast<int32_t>(p));
@@ -156,6 +166,8 @@ std::vector<int32_t> ModelRunner::run(const std::vector<ScheduledSeq>& step) {
     max_query = std::max(max_query, step[i].new_tokens);
     max_len = std::max(max_len, end);
   }
+  const auto sampling_rows = static_cast<int64_t>(rows.size());
+  for (const PromptRow& r : prompt_rows) rows.push_back(r.row);  // after the sampling rows
   if (rows.empty()) rows.push_back(0);  // a step of prefill chunks only: logits of one row, unused
   Ops& ops = model_.ops();
   const auto T = static_cast<int64_t>(ids.size()), S = static_cast<int64_t>(step.size());
@@ -170,7 +182,21 @@ std::vector<int32_t> ModelRunner::run(const std::vector<ScheduledSeq>& step) {
                            .logit_rows = ops.upload(host_i32(rows, {static_cast<int64_t>(rows.size())})),
                            .max_query_len = max_query,
                            .max_seq_len = max_len};
-  return sample(step, model_.forward(batch, cache_));
+  const Tensor logits = model_.forward(batch, cache_);
+  if (!prompt_rows.empty()) {
+    const int64_t X = static_cast<int64_t>(prompt_rows.size());
+    const Tensor host = ops.download(logits.slice(sampling_rows, sampling_rows + X));
+    const auto V = static_cast<std::size_t>(host.dim(1));
+    for (int64_t x = 0; x < X; ++x) {
+      Sequence& seq = *prompt_rows[static_cast<std::size_t>(x)].seq;
+      const int64_t p = prompt_rows[static_cast<std::size_t>(x)].position;
+      seq.prompt_logprobs.resize(static_cast<std::size_t>(seq.num_prompt_tokens()));
+      seq.prompt_logprobs[static_cast<std::size_t>(p + 1)] =
+          token_logprobs({host.data<float>() + x * static_cast<int64_t>(V), V}, seq.tokens()[static_cast<std::size_t>(p + 1)],
+                         seq.params().prompt_logprobs);
+    }
+  }
+  return sample(step, logits.slice(0, std::max<int64_t>(sampling_rows, 1)));
 }
 
 }  // namespace nibble

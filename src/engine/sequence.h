@@ -25,6 +25,9 @@ struct RequestParams {
   bool ignore_eos = false;
   int32_t logprobs = -1;  // -1: none; k >= 0: each sampled token's log-probability and the top k's
   int64_t min_tokens = 0;  // the stop tokens cannot be sampled before this many tokens are generated
+  // -1: none; k >= 0: the log-probability of each prompt token after the first given those before it,
+  // and the top k's (the prompt is then computed whole, sharing no cached prefix)
+  int32_t prompt_logprobs = -1;
 };
 
 class Sequence {
@@ -51,6 +54,10 @@ class Sequence {
   int64_t num_computed_tokens = 0;   // tokens whose KV is in the cache
   Sampler sampler;                   // per sequence, so batching never changes a seeded sample
   std::optional<TokenLogprobs> last_logprobs;  // the last sampled token's, where params().logprobs >= 0
+  // Where params().prompt_logprobs >= 0: entry p for prompt token p (none for the first), filled as
+  // the prompt's chunks are computed, handed out once with the first sampled token.
+  std::vector<std::optional<TokenLogprobs>> prompt_logprobs;
+  bool prompt_logprobs_sent = false;
 
  private:
   int64_t id_;

@@ -91,5 +91,48 @@ TEST(TokenLogprobs, EngineMatchesTheModelsLogSoftmax) {
   }
 }
 
+// Prompt log-probabilities, the prompt computed in chunks of a few tokens beside other requests (and
+// beside a request that shares its first blocks, which it must not take from the cache): each prompt
+// token's against the log-softmax of the prompt's own logits from one prefill.
+TEST(TokenLogprobs, PromptLogprobsMatchOnePrefill) {
+  constexpr char kModel[] = "tests/fixtures/tiny-mixtral";
+  CpuOps ops;
+  ModelConfig config = load_model_config(kModel);
+  ModelWeights w = load_weights(Checkpoint::open(kModel), config, Quantization::kQuarkInt4Fp8Moe, ops);
+  Model model(std::move(config), std::move(w), ops);
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 23; ++i) prompt.push_back(3 + (i * 37) % 500);
+  Engine engine(model, {.num_blocks = 64, .block_size = 4, .scheduler = {.max_running = 4, .max_batched_tokens = 8}});
+  engine.add_request(prompt, {.max_tokens = 3, .ignore_eos = true});  // caches the prompt's blocks first
+  while (engine.has_unfinished()) engine.step();
+  const int64_t id = engine.add_request(prompt, {.max_tokens = 2, .ignore_eos = true, .prompt_logprobs = 2});
+  engine.add_request({7, 8, 9, 10, 11, 12}, {.max_tokens = 5, .ignore_eos = true});
+  const int64_t one = engine.add_request({42}, {.max_tokens = 1, .ignore_eos = true, .prompt_logprobs = 1});
+  std::map<int64_t, std::vector<StepOutput>> out;
+  while (engine.has_unfinished())
+    for (StepOutput& o : engine.step()) out[o.id].push_back(std::move(o));
+  ASSERT_EQ(out[one].front().prompt_logprobs.size(), 1u);
+  EXPECT_FALSE(out[one].front().prompt_logprobs[0].has_value());
+  const auto& first = out[id].front();
+  ASSERT_EQ(first.prompt_logprobs.size(), prompt.size());
+  EXPECT_FALSE(first.prompt_logprobs[0].has_value());
+  EXPECT_TRUE(out[id].back().prompt_logprobs.empty());  // handed out once
+  Generator generator(model, static_cast<int64_t>(prompt.size()), KvCacheDType::kBf16);
+  const auto n = static_cast<int64_t>(prompt.size());
+  const Tensor logits = generator.extend(prompt, n);
+  const int64_t V = logits.dim(1);
+  for (int64_t p = 1; p < n; ++p) {
+    const float* row = logits.data<float>() + (p - 1) * V;
+    long double z = 0;
+    for (int64_t v = 0; v < V; ++v) z += std::exp(static_cast<long double>(row[v]));
+    const auto& lp = first.prompt_logprobs[static_cast<std::size_t>(p)];
+    ASSERT_TRUE(lp.has_value()) << "prompt token " << p;
+    EXPECT_NEAR(lp->logprob, static_cast<double>(row[prompt[static_cast<std::size_t>(p)]] - std::log(z)), 1e-3)
+        << "prompt token " << p;
+    ASSERT_EQ(lp->top.size(), 2u);
+    EXPECT_NEAR(lp->top[0].second, static_cast<double>(row[lp->top[0].first] - std::log(z)), 1e-3);
+  }
+}
+
 }  // namespace
 }  // namespace nibble
