@@ -23,14 +23,23 @@ struct LogprobsView {
   int64_t offset = 0;
 
   ShownLogprobs show(const std::vector<std::pair<int32_t, TokenLogprobs>>& entries);
+  // An echoed prompt's tokens, entry p the log-probability of token p (none for the first).
+  ShownLogprobs show_prompt(const std::vector<int32_t>& prompt, const std::vector<std::optional<TokenLogprobs>>& logprobs);
 
  private:
   std::string token_text(int32_t id) const;
 };
 
+// Completions' echo: each choice begins with the prompt's text (and its tokens' logprobs).
+struct Echo {
+  std::string text;
+  std::vector<int32_t> prompt;
+};
+
 class Choices {
  public:
-  Choices(std::vector<std::unique_ptr<Generation>> generations, const LogprobsView& logprobs);
+  Choices(std::vector<std::unique_ptr<Generation>> generations, const LogprobsView& logprobs,
+          std::optional<Echo> echo = std::nullopt);
 
   struct Update {
     int index;
@@ -54,6 +63,8 @@ class Choices {
   std::vector<std::unique_ptr<Generation>> generations_;
   std::vector<LogprobsView> views_;
   std::vector<bool> reported_;  // each choice's end has been returned by poll
+  std::optional<Echo> echo_;
+  std::vector<bool> echoed_;  // each choice's first update, which carries the echo, has gone out
 };
 
 }  // namespace nibble

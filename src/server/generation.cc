@@ -33,6 +33,7 @@ std::string Generation::advance(std::chrono::milliseconds timeout) {
   RequestStream::Update update = stream_->wait(timeout);
   std::string text;
   for (const StepOutput& out : update.outputs) {
+    if (!out.prompt_logprobs.empty()) prompt_logprobs_ = out.prompt_logprobs;
     if (out.token >= 0 && out.logprobs) logprobs_.emplace_back(out.token, *out.logprobs);
     // A stop token (end-of-sequence, or one of stop_token_ids) counts, but its text is not shown (as
     // vLLM); an end-of-sequence token is special and would show nothing anyway.

@@ -38,6 +38,8 @@ class Generation {
   // The log-probabilities of the tokens generated since the last call, with their ids (where the
   // request asked for them).
   std::vector<std::pair<int32_t, TokenLogprobs>> take_logprobs() { return std::exchange(logprobs_, {}); }
+  // The prompt tokens' log-probabilities (RequestParams::prompt_logprobs), once they have come.
+  std::vector<std::optional<TokenLogprobs>> take_prompt_logprobs() { return std::exchange(prompt_logprobs_, {}); }
 
  private:
   void finish(const std::string& reason);
@@ -51,6 +53,7 @@ class Generation {
   std::optional<StreamError> error_;
   std::string finish_reason_;
   std::vector<std::pair<int32_t, TokenLogprobs>> logprobs_;
+  std::vector<std::optional<TokenLogprobs>> prompt_logprobs_;
 };
 
 }  // namespace nibble

@@ -133,7 +133,10 @@ void handle_generation(const ServingContext& c, Endpoint endpoint, const httplib
     if (i > 0) params.sampling.seed = r.seed ? *r.seed + static_cast<uint64_t>(i) : random_seed();
     generations.push_back(std::make_unique<Generation>(c.engine, c.metrics, c.tokenizer, p.prompt, params, r.stop));
   }
-  Choices choices(std::move(generations), {.tokenizer = r.logprobs ? &c.tokenizer : nullptr, .as_ids = r.tokens_as_ids});
+  std::optional<Echo> echo;
+  if (r.echo) echo = Echo{.text = r.prompt_is_ids ? c.tokenizer.decode(p.prompt) : r.prompt_text, .prompt = p.prompt};
+  Choices choices(std::move(generations), {.tokenizer = r.logprobs ? &c.tokenizer : nullptr, .as_ids = r.tokens_as_ids},
+                  std::move(echo));
   ResponseMeta meta = new_response_meta(endpoint, served);
   if (r.stream)
     respond_streaming(std::move(meta), r, std::move(choices), response);

@@ -76,6 +76,7 @@ PreparedRequest prepare(const GenerationRequest& r, const Tokenizer& tokenizer,
       reject(400, "stop_token_ids", "token id ", id, " is outside the vocabulary of ", limits.vocab_size);
   out.params.stop_token_ids = r.stop_token_ids;
   out.params.logprobs = r.logprobs.value_or(-1);
+  if (r.echo) out.params.prompt_logprobs = out.params.logprobs;  // the echoed prompt's too
   if (r.min_tokens > max_tokens)
     reject(400, "min_tokens", "min_tokens (", r.min_tokens, ") exceeds max_tokens (", max_tokens, ")");
   out.params.min_tokens = r.min_tokens;

@@ -214,8 +214,6 @@ void parse_common(const json& body, GenerationRequest& r) {
     const int64_t n = get_int(*v, "best_of");
     if (n != 1) reject(400, "best_of", "only best_of = 1 is supported, got ", n);
   }
-  if (const json* v = field(body, "echo"); v && get_bool(*v, "echo"))
-    reject(400, "echo", "echo is not supported");
   if (const json* v = field(body, "ignore_eos")) r.ignore_eos = get_bool(*v, "ignore_eos");
   if (const json* v = field(body, "stream")) r.stream = get_bool(*v, "stream");
   if (const json* v = field(body, "stream_options")) {
@@ -286,6 +284,7 @@ GenerationRequest parse_completion_request(std::string_view body) {
   parse_prompt(parsed, r);
   parse_common(parsed, r);
   if (const json* v = field(parsed, "logprobs")) r.logprobs = get_logprobs_count(*v, "logprobs");
+  if (const json* v = field(parsed, "echo")) r.echo = get_bool(*v, "echo");
   return r;
 }
 
@@ -295,6 +294,8 @@ GenerationRequest parse_chat_request(std::string_view body) {
   r.endpoint = Endpoint::kChat;
   parse_messages(parsed, r);
   parse_common(parsed, r);
+  if (const json* v = field(parsed, "echo"); v && get_bool(*v, "echo"))
+    reject(400, "echo", "echo is not supported for chat completions");
   const json* top = field(parsed, "top_logprobs");
   if (const json* v = field(parsed, "logprobs"); v && get_bool(*v, "logprobs"))
     r.logprobs = top ? get_logprobs_count(*top, "top_logprobs") : 0;

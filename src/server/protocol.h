@@ -43,6 +43,7 @@ struct GenerationRequest {
   std::optional<int32_t> logprobs;
   bool tokens_as_ids = false;
   int64_t n = 1;  // choices, each its own generation
+  bool echo = false;  // completions: each choice's text (and logprobs) begin with the prompt's
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
 };

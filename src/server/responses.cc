@@ -64,7 +64,7 @@ json logprobs_json(const ResponseMeta& m, const ShownLogprobs* l) {
       for (const auto& [token, logprob] : t.top)
         top.push_back({{"token", token}, {"logprob", shown_logprob(logprob)}, {"bytes", utf8_bytes(token)}});
       content.push_back({{"token", t.token},
-                         {"logprob", shown_logprob(t.logprob)},
+                         {"logprob", shown_logprob(t.logprob.value_or(0.0f))},
                          {"bytes", utf8_bytes(t.token)},
                          {"top_logprobs", std::move(top)}});
     }
@@ -73,11 +73,17 @@ json logprobs_json(const ResponseMeta& m, const ShownLogprobs* l) {
   json offsets = json::array(), logprobs = json::array(), tokens = json::array(), tops = json::array();
   for (const ShownLogprob& t : *l) {
     offsets.push_back(t.text_offset);
-    logprobs.push_back(shown_logprob(t.logprob));
     tokens.push_back(t.token);
+    if (!t.logprob) {  // an echoed prompt's first token
+      logprobs.push_back(nullptr);
+      tops.push_back(nullptr);
+      continue;
+    }
+    logprobs.push_back(shown_logprob(*t.logprob));
     json top = json::object();
     for (const auto& [token, logprob] : t.top)  // two tokens of one text: the likelier one's
       if (!top.contains(token)) top[token] = shown_logprob(logprob);
+    if (!top.contains(t.token)) top[t.token] = shown_logprob(*t.logprob);  // the token's own too, as vLLM
     tops.push_back(std::move(top));
   }
   return {{"text_offset", std::move(offsets)},

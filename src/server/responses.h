@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -29,7 +30,7 @@ struct Usage {
 // most likely alternatives', and (completions) where its text starts among the tokens' texts so far.
 struct ShownLogprob {
   std::string token;
-  float logprob;
+  std::optional<float> logprob;  // none for an echoed prompt's first token (null, its top too)
   std::vector<std::pair<std::string, float>> top;
   int64_t text_offset = 0;  // characters
 };

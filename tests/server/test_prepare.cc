@@ -67,6 +67,12 @@ TEST_F(PrepareTest, Limits) {
   EXPECT_EQ(rejected_param(R"({"prompt": [1, 2], "stop_token_ids": [3, 512]})"), "stop_token_ids");
 }
 
+TEST_F(PrepareTest, EchoWithLogprobsAsksForThePrompts) {
+  EXPECT_EQ(run(R"({"prompt": "a", "logprobs": 3, "echo": true})").params.prompt_logprobs, 3);
+  EXPECT_EQ(run(R"({"prompt": "a", "logprobs": 3})").params.prompt_logprobs, -1);
+  EXPECT_EQ(run(R"({"prompt": "a", "echo": true})").params.prompt_logprobs, -1);
+}
+
 TEST_F(PrepareTest, MinTokens) {
   EXPECT_EQ(run(R"({"prompt": "a", "max_tokens": 8, "min_tokens": 8})").params.min_tokens, 8);
   EXPECT_EQ(rejected_param(R"({"prompt": "a", "max_tokens": 8, "min_tokens": 9})"), "min_tokens");

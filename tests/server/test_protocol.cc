@@ -63,6 +63,7 @@ TEST(Protocol, CompletionFields) {
   EXPECT_EQ(r.sampling.penalties.repetition, 1.25f);
   EXPECT_EQ(parse_completion_request(R"({"prompt": "p", "min_tokens": 3})").min_tokens, 3);
   EXPECT_EQ(parse_completion_request(R"({"prompt": "p", "n": 4})").n, 4);
+  EXPECT_TRUE(parse_completion_request(R"({"prompt": "p", "echo": true})").echo);
   EXPECT_FALSE(parse_completion_request(R"({"prompt": "p"})").sampling.penalties.any());
 }
 
@@ -119,7 +120,7 @@ TEST(Protocol, RejectsBadCompletions) {
       {R"({"prompt": "p", "n": 0})", "n"},
       {R"({"prompt": "p", "n": 129})", "n"},
       {R"({"prompt": "p", "best_of": 3})", "best_of"},
-      {R"({"prompt": "p", "echo": true})", "echo"},
+      {R"({"prompt": "p", "echo": 1})", "echo"},
       {R"({"prompt": "p", "logprobs": 21})", "logprobs"},
       {R"({"prompt": "p", "logprobs": -1})", "logprobs"},
       {R"({"prompt": "p", "logprobs": true})", "logprobs"},
@@ -165,6 +166,7 @@ TEST(Protocol, RejectsBadChats) {
       R"({"messages": [{"role": "user", "content": 7}]})",
       R"({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]})",
       R"({"messages": [{"role": "user", "content": "hi"}], "logprobs": 2})",
+      R"({"messages": [{"role": "user", "content": "hi"}], "echo": true})",
       R"({"messages": [{"role": "user", "content": "hi"}], "logprobs": true, "top_logprobs": 21})",
       R"({"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2})",  // needs logprobs: true
       R"({"messages": [{"role": "user", "content": "hi"}], "logprobs": false, "top_logprobs": 2})",

@@ -171,7 +171,8 @@ class Logprobs(unittest.TestCase):
         for i in range(n):
             self.assertLessEqual(lp["token_logprobs"][i], 0.0)
             top = lp["top_logprobs"][i]
-            self.assertTrue(1 <= len(top) <= 3, top)
+            self.assertTrue(1 <= len(top) <= 4, top)  # the top 3 and the token's own (as vLLM)
+            self.assertEqual(top[lp["tokens"][i]], lp["token_logprobs"][i])
             # Greedy: the sampled token is the most likely one.
             self.assertAlmostEqual(lp["token_logprobs"][i], max(top.values()), places=5)
             self.assertLessEqual(sum(math.exp(v) for v in top.values()), 1.0 + 1e-5)
@@ -192,7 +193,8 @@ class Logprobs(unittest.TestCase):
         r = self.completion(logprobs=0, return_tokens_as_token_ids=True)
         tokens = r["choices"][0]["logprobs"]["tokens"]
         self.assertTrue(all(t.startswith("token_id:") for t in tokens), tokens)
-        self.assertEqual(r["choices"][0]["logprobs"]["top_logprobs"], [{}] * len(tokens))
+        tops = r["choices"][0]["logprobs"]["top_logprobs"]
+        self.assertEqual([list(t) for t in tops], [[t] for t in tokens])  # logprobs 0: the token's own alone
         ids = [int(t.split(":")[1]) for t in tokens]
         # Stopping on the fourth token's id ends the greedy text at its first occurrence.
         stop = ids[3]
@@ -218,6 +220,35 @@ class Logprobs(unittest.TestCase):
         held = self.completion(stop=[stop], min_tokens=4)
         self.assertGreaterEqual(held["usage"]["completion_tokens"], 4)
         self.assertTrue(full.startswith(held["choices"][0]["text"][:len(stop)]), (held, full))
+
+    def test_echo_gives_the_prompt_and_its_logprobs_first(self):
+        prompt = "The quick brown fox"
+        plain = self.completion(prompt=prompt, logprobs=2)
+        r = self.completion(prompt=prompt, logprobs=2, echo=True)
+        text = r["choices"][0]["text"]
+        self.assertEqual(text, prompt + plain["choices"][0]["text"])
+        lp, gen = r["choices"][0]["logprobs"], plain["choices"][0]["logprobs"]
+        n = token_count(prompt)
+        self.assertEqual(len(lp["tokens"]), n + len(gen["tokens"]))
+        self.assertEqual(lp["tokens"][n:], gen["tokens"])
+        self.assertEqual(lp["token_logprobs"][n:], gen["token_logprobs"])
+        self.assertIsNone(lp["token_logprobs"][0])
+        self.assertIsNone(lp["top_logprobs"][0])
+        self.assertTrue(all(v <= 0 for v in lp["token_logprobs"][1:n]))
+        # Generated tokens put back as prompt: their prompt log-probabilities are the ones they were
+        # generated with (one prefill against decode steps: equal within float error).
+        status, t = request("POST", "/tokenize", {"prompt": prompt})
+        ids = t["tokens"]
+        g = self.completion(prompt=ids, max_tokens=4, logprobs=1, return_tokens_as_token_ids=True)
+        generated = [int(x.split(":")[1]) for x in g["choices"][0]["logprobs"]["tokens"]]
+        e = self.completion(prompt=ids + generated, max_tokens=1, logprobs=1, echo=True)
+        for j in range(4):
+            self.assertAlmostEqual(e["choices"][0]["logprobs"]["token_logprobs"][len(ids) + j],
+                                   g["choices"][0]["logprobs"]["token_logprobs"][j], places=3)
+        # Streamed: the first chunk begins with the prompt.
+        events, done = stream("/v1/completions", {**self.BODY, "prompt": prompt, "echo": True})
+        self.assertTrue(events[0]["choices"][0]["text"].startswith(prompt))
+        self.assertEqual("".join(e["choices"][0]["text"] for e in events if e["choices"]), text)
 
     def test_chat_logprobs(self):
         body = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 5, "temperature": 0,
@@ -346,6 +377,7 @@ class BadInput(unittest.TestCase):
         ("/v1/completions", {"prompt": "hi", "repetition_penalty": 0}, 400, "repetition_penalty"),
         ("/v1/completions", {"prompt": "hi", "max_tokens": 5, "min_tokens": 6}, 400, "min_tokens"),
         ("/v1/completions", {"prompt": "hi", "logprobs": 21}, 400, "logprobs"),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "echo": True}, 400, "echo"),
         ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2}, 400,
          "top_logprobs"),
         ("/v1/completions", {"prompt": "hi", "stop_token_ids": [512]}, 400, "stop_token_ids"),
