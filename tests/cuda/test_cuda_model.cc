@@ -977,8 +977,9 @@ TEST(CudaEngine, GraphsMatchEagerStepsAcrossTheShortContext) {
 }
 
 // Penalties (the penalize kernel on the graph's logits) and log-probabilities (the raw logits, downloaded
-// before the penalties) through the engine on the GPU: graph replays give eager steps' tokens and
-// log-probabilities, a greedy token is its row's most likely, and the penalties change the tokens.
+// before the penalties; a prompt's, from the prefill's extra logit rows) through the engine on the GPU:
+// graph replays give eager steps' tokens and log-probabilities, a greedy token is its row's most
+// likely, and the penalties change the tokens.
 TEST(CudaEngine, PenaltiesAndLogprobsInGraphs) {
   SKIP_WITHOUT_GPU();
   constexpr char kModel[] = "tests/fixtures/tiny-mixtral";
@@ -993,7 +994,8 @@ TEST(CudaEngine, PenaltiesAndLogprobsInGraphs) {
     for (int r = 0; r < 3; ++r) {
       std::vector<int32_t> prompt{1};
       for (int i = 0; i < 4 + 5 * r; ++i) prompt.push_back(300 + (37 * i + 11 * r) % 200);
-      RequestParams params{.max_tokens = 24, .ignore_eos = true, .logprobs = r == 1 ? -1 : 4};
+      RequestParams params{.max_tokens = 24, .ignore_eos = true, .logprobs = r == 1 ? -1 : 4,
+                           .prompt_logprobs = r == 0 ? 2 : -1};
       if (penalized && r > 0) params.sampling.penalties = {.repetition = 1.6f, .frequency = 0.8f, .presence = 0.4f};
       if (r == 2) params.sampling.temperature = 0.9f, params.sampling.seed = 5;
       engine.add_request(prompt, params);
@@ -1022,6 +1024,16 @@ TEST(CudaEngine, PenaltiesAndLogprobsInGraphs) {
       }
     }
     for (std::size_t j = 0; j < steps.size(); ++j) changed = changed || (id > 0 && plain.at(id)[j].token != steps[j].token);
+    if (id == 0) {  // the prompt's log-probabilities, with the first token (the prompt: 5 tokens)
+      ASSERT_EQ(steps[0].prompt_logprobs.size(), 5u);
+      EXPECT_FALSE(steps[0].prompt_logprobs[0].has_value());
+      for (std::size_t p = 1; p < 5; ++p) {
+        ASSERT_TRUE(steps[0].prompt_logprobs[p].has_value());
+        EXPECT_LE(steps[0].prompt_logprobs[p]->logprob, 0.0f);
+        EXPECT_EQ(steps[0].prompt_logprobs[p]->top.size(), 2u);
+        EXPECT_NEAR(replayed[0].prompt_logprobs[p]->logprob, steps[0].prompt_logprobs[p]->logprob, 1e-5);
+      }
+    }
   }
   EXPECT_TRUE(changed) << "the penalties changed no token";
 }
