@@ -25,11 +25,16 @@ namespace nibble {
 namespace sampling_detail {
 // Single IEEE roundings, never contracted into an FMA by either compiler.
 #ifdef __CUDA_ARCH__
+__device__ inline float add_rn(float a, float b) { return __fadd_rn(a, b); }
 __device__ inline float sub_rn(float a, float b) { return __fsub_rn(a, b); }
 __device__ inline float mul_rn(float a, float b) { return __fmul_rn(a, b); }
 __device__ inline float div_rn(float a, float b) { return __fdiv_rn(a, b); }
 __device__ inline float fma_rn(float a, float b, float c) { return __fmaf_rn(a, b, c); }
 #else
+inline float add_rn(float a, float b) {
+  volatile float r = a + b;
+  return r;
+}
 inline float sub_rn(float a, float b) {
   volatile float r = a - b;
   return r;

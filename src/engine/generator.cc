@@ -60,9 +60,9 @@ std::vector<int32_t> generate(Model& model, const std::vector<int32_t>& prompt, 
   for (int64_t i = 0; i < max_new_tokens; ++i) {
     Tensor logits = generator.extend(next);
     float* row = logits.data<float>();
-    if (penalties.any())
+    if (seen.adjusts_logits())
       for (const SeenToken& t : seen.seen_tokens())
-        row[t.token] = penalized_logit(row[t.token], t.generated, penalties.repetition, penalties.frequency,
+        row[t.token] = penalized_logit(row[t.token], t.generated, t.bias, penalties.repetition, penalties.frequency,
                                        penalties.presence);
     const int32_t id = sampler.sample({row, static_cast<std::size_t>(logits.dim(1))});
     seen.append(id);

@@ -23,16 +23,18 @@ bool is_decode(const std::vector<ScheduledSeq>& step) {
 void penalize(Ops& ops, const std::vector<ScheduledSeq>& step, Tensor logits) {
   const int64_t rows = logits.dim(0);
   std::vector<int32_t> offsets{0}, tokens, generated;
+  std::vector<float> bias;
   Tensor penalties = Tensor::zeros(DType::kF32, {rows, 3});
   for (int64_t r = 0; r < rows; ++r) penalties.data<float>()[r * 3] = 1.0f;
   int64_t r = 0;
   for (const ScheduledSeq& s : step) {
     if (!s.samples) continue;
     const Penalties& p = s.seq->params().sampling.penalties;
-    if (p.any() || s.seq->num_generated() < s.seq->params().min_tokens) {
+    if (s.seq->adjusts_logits()) {
       float* row = penalties.data<float>() + r * 3;
       row[0] = p.repetition, row[1] = p.frequency, row[2] = p.presence;
-      for (const SeenToken& t : s.seq->seen_tokens()) tokens.push_back(t.token), generated.push_back(t.generated);
+      for (const SeenToken& t : s.seq->seen_tokens())
+        tokens.push_back(t.token), generated.push_back(t.generated), bias.push_back(t.bias);
     }
     offsets.push_back(static_cast<int32_t>(tokens.size()));
     ++r;
@@ -44,9 +46,12 @@ void penalize(Ops& ops, const std::vector<ScheduledSeq>& step, Tensor logits) {
     std::copy(v.begin(), v.end(), t.data<int32_t>());
     return t;
   };
+  Tensor host_bias = Tensor::zeros(DType::kF32, {static_cast<int64_t>(bias.size())});
+  std::copy(bias.begin(), bias.end(), host_bias.data<float>());
   ops.penalize(logits, {.row_offsets = ops.upload(host_i32(offsets)),
                         .tokens = ops.upload(host_i32(tokens)),
                         .generated = ops.upload(host_i32(generated)),
+                        .bias = ops.upload(host_bias),
                         .penalties = ops.upload(penalties)});
 }
 

@@ -19,6 +19,9 @@ void validate(const SamplingParams& p) {
   check(q.repetition > 0.0f && std::isfinite(q.repetition), "repetition_penalty must be > 0, got ", q.repetition);
   check(q.frequency >= -2.0f && q.frequency <= 2.0f, "frequency_penalty must be in [-2, 2], got ", q.frequency);
   check(q.presence >= -2.0f && q.presence <= 2.0f, "presence_penalty must be in [-2, 2], got ", q.presence);
+  for (const auto& [token, bias] : p.logit_bias)
+    check(token >= 0 && bias >= -100.0f && bias <= 100.0f, "logit_bias: token ", token, " bias ", bias,
+          " (tokens >= 0, biases in [-100, 100])");
 }
 
 Sampler::Sampler(const SamplingParams& params) : params_(params) { validate(params); }

@@ -7,6 +7,8 @@
 
 #include <cstdint>
 #include <span>
+#include <utility>
+#include <vector>
 
 #include "core/logit_penalties.h"
 
@@ -18,6 +20,7 @@ struct SamplingParams {
   int64_t top_k = 0;         // 0: no limit
   uint64_t seed = 0;
   Penalties penalties = {};  // on the tokens the sequence has seen, before the above (logit_penalties.h)
+  std::vector<std::pair<int32_t, float>> logit_bias;  // distinct tokens' biases in [-100, 100], added first
 };
 
 // Fails with a clear message for out-of-range values.

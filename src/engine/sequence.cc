@@ -32,15 +32,27 @@ void Sequence::append(int32_t token) {
   if (params_.sampling.penalties.any()) ++generated_counts_[token];
 }
 
+bool Sequence::adjusts_logits() const {
+  const SamplingParams& p = params_.sampling;
+  return p.penalties.any() || !p.logit_bias.empty() || num_generated() < params_.min_tokens;
+}
+
 std::vector<SeenToken> Sequence::seen_tokens() const {
-  std::map<int32_t, int32_t> seen = generated_counts_;
+  std::map<int32_t, SeenToken> seen;
+  for (const auto& [token, count] : generated_counts_) seen[token] = {token, count};
   if (params_.sampling.penalties.repetition != 1.0f)
-    for (int64_t i = 0; i < num_prompt_tokens_; ++i) seen.try_emplace(tokens_[static_cast<std::size_t>(i)], 0);
+    for (int64_t i = 0; i < num_prompt_tokens_; ++i) {
+      const int32_t token = tokens_[static_cast<std::size_t>(i)];
+      seen.try_emplace(token, SeenToken{token, 0});
+    }
+  // A biased token the sequence has not seen takes no penalty (kNotSeen), only its bias.
+  for (const auto& [token, bias] : params_.sampling.logit_bias)
+    seen.try_emplace(token, SeenToken{token, kNotSeen}).first->second.bias = bias;
+  if (num_generated() < params_.min_tokens)
+    for (int64_t id : params_.stop_token_ids) seen[static_cast<int32_t>(id)] = {static_cast<int32_t>(id), kBanned};
   std::vector<SeenToken> out;
   out.reserve(seen.size());
-  if (num_generated() < params_.min_tokens)
-    for (int64_t id : params_.stop_token_ids) seen[static_cast<int32_t>(id)] = kBanned;
-  for (const auto& [token, generated] : seen) out.push_back({token, generated});
+  for (const auto& [token, t] : seen) out.push_back(t);
   return out;
 }
 

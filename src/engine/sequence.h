@@ -45,9 +45,12 @@ class Sequence {
   int64_t num_generated() const { return num_tokens() - num_prompt_tokens_; }
   int32_t last_token() const { return tokens_.back(); }
   void append(int32_t token);
+  // Whether this step changes any of the sequence's logits (penalties, logit_bias, min_tokens ahead).
+  bool adjusts_logits() const;
   // The tokens whose logits this step changes, in increasing order: with penalties every distinct
   // token of the prompt and the output (the output's alone when the repetition penalty is 1) with how
-  // often it was generated; before min_tokens, the stop tokens as kBanned.
+  // often it was generated; the logit_bias tokens with their bias; before min_tokens, the stop tokens
+  // as kBanned.
   std::vector<SeenToken> seen_tokens() const;
 
   std::vector<int32_t> block_table;  // KV block ids, in order

@@ -66,13 +66,14 @@ void Ops::sample(const Tensor& logits, const SampleSettings& settings, Tensor& o
 void Ops::penalize(Tensor& logits, const PenaltySettings& settings) {
   const auto on_host = [](const Tensor& t) { return t.device() == Device::kCpu; };
   check(on_host(logits) && on_host(settings.row_offsets) && on_host(settings.tokens) && on_host(settings.generated) &&
-            on_host(settings.penalties),
+            on_host(settings.bias) && on_host(settings.penalties),
         "penalize: host tensors expected");
   expect(logits, DType::kF32, {-1, -1}, "penalize logits");
   const int64_t R = logits.dim(0), V = logits.dim(1), N = settings.tokens.numel();
   expect(settings.row_offsets, DType::kI32, {R + 1}, "penalize row_offsets");
   expect(settings.tokens, DType::kI32, {N}, "penalize tokens");
   expect(settings.generated, DType::kI32, {N}, "penalize generated");
+  expect(settings.bias, DType::kF32, {N}, "penalize bias");
   expect(settings.penalties, DType::kF32, {R, 3}, "penalize penalties");
   const int32_t* offsets = settings.row_offsets.data<int32_t>();
   for (int64_t r = 0; r < R; ++r) {
@@ -82,7 +83,8 @@ void Ops::penalize(Tensor& logits, const PenaltySettings& settings) {
     for (int32_t i = offsets[r]; i < offsets[r + 1]; ++i) {
       const int32_t t = settings.tokens.data<int32_t>()[i];
       check(t >= 0 && t < V, "penalize: token ", t, " outside the vocabulary of ", V);
-      row[t] = penalized_logit(row[t], settings.generated.data<int32_t>()[i], p[0], p[1], p[2]);
+      row[t] = penalized_logit(row[t], settings.generated.data<int32_t>()[i], settings.bias.data<float>()[i], p[0],
+                               p[1], p[2]);
     }
   }
 }

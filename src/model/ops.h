@@ -63,7 +63,8 @@ struct SampleSettings {
 struct PenaltySettings {
   Tensor row_offsets;  // I32 (R + 1): row r's seen tokens are entries row_offsets[r] .. row_offsets[r + 1] - 1
   Tensor tokens;       // I32 (N): distinct within a row
-  Tensor generated;    // I32 (N): how often the row's sequence generated the token (0: prompt only)
+  Tensor generated;    // I32 (N): how often the row's sequence generated the token, or kNotSeen, kBanned
+  Tensor bias;         // F32 (N): the token's logit_bias
   Tensor penalties;    // F32 (R, 3): repetition, frequency, presence
 };
 

@@ -75,6 +75,9 @@ PreparedRequest prepare(const GenerationRequest& r, const Tokenizer& tokenizer,
     if (id >= limits.vocab_size)
       reject(400, "stop_token_ids", "token id ", id, " is outside the vocabulary of ", limits.vocab_size);
   out.params.stop_token_ids = r.stop_token_ids;
+  for (const auto& [id, bias] : r.sampling.logit_bias)
+    if (id >= limits.vocab_size)
+      reject(400, "logit_bias", "token id ", id, " is outside the vocabulary of ", limits.vocab_size);
   out.params.logprobs = r.logprobs.value_or(-1);
   if (r.echo) out.params.prompt_logprobs = out.params.logprobs;  // the echoed prompt's too
   if (r.min_tokens > max_tokens)

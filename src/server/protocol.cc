@@ -3,7 +3,9 @@
 #include "server/protocol.h"
 
 #include <cmath>
+#include <exception>
 #include <limits>
+#include <string>
 #include <utility>
 
 #include "engine/token_logprobs.h"
@@ -147,12 +149,27 @@ void parse_penalties(const json& body, GenerationRequest& r) {
   }
 }
 
-// What nibble does not implement: accepted at the neutral value (clients send that by default), a 400
-// naming the field otherwise, rather than output that silently ignores it.
-void reject_unsupported(const json& body) {
-  if (const json* v = field(body, "logit_bias")) {
-    if (!v->is_object()) reject(400, "logit_bias", "logit_bias must be an object");
-    if (!v->empty()) reject(400, "logit_bias", "logit_bias is not supported");
+// OpenAI's logit_bias: {"token id": bias in [-100, 100], ...}.
+void parse_logit_bias(const json& body, GenerationRequest& r) {
+  const json* v = field(body, "logit_bias");
+  if (!v) return;
+  if (!v->is_object()) reject(400, "logit_bias", "logit_bias must be an object of token ids to biases");
+  for (const auto& [key, value] : v->items()) {
+    std::size_t used = 0;
+    long long id = -1;
+    try {
+      id = std::stoll(key, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used != key.size() || key.empty() || id < 0 || id > std::numeric_limits<int32_t>::max())
+      reject(400, "logit_bias", "logit_bias keys must be token ids, got ", json(key).dump());
+    const double bias = get_number(value, "logit_bias");
+    if (!(bias >= -100.0 && bias <= 100.0))
+      reject(400, "logit_bias", "logit_bias values must be in [-100, 100], got ", bias);
+    for (const auto& [other, unused] : r.sampling.logit_bias)
+      if (other == id) reject(400, "logit_bias", "logit_bias names token ", id, " twice");
+    r.sampling.logit_bias.emplace_back(static_cast<int32_t>(id), static_cast<float>(bias));
   }
 }
 
@@ -226,11 +243,11 @@ void parse_common(const json& body, GenerationRequest& r) {
     r.tokens_as_ids = get_bool(*v, "return_tokens_as_token_ids");
   parse_stop_token_ids(body, r);
   parse_penalties(body, r);
+  parse_logit_bias(body, r);
   if (const json* v = field(body, "min_tokens")) {
     r.min_tokens = get_int(*v, "min_tokens");
     if (r.min_tokens < 0) reject(400, "min_tokens", "min_tokens must be at least 0, got ", r.min_tokens);
   }
-  reject_unsupported(body);
 }
 
 json parse_body(std::string_view body) {

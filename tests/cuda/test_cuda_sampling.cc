@@ -193,8 +193,8 @@ TEST(CudaSampling, FilteredSampleMatchesHost) {
 }
 
 // Penalties (logit_penalties.h) on random rows: each row a random set of distinct seen tokens with
-// random counts (0: prompt only, kBanned: -inf) and its own repetition, frequency and presence (row
-// 2 none at all), against Ops::penalize on the host, bit for bit, every logit of every row compared.
+// random counts (0: prompt only, kNotSeen, kBanned: -inf), biases on a third, and its own repetition,
+// frequency and presence (row 2 none at all), against Ops::penalize on the host, bit for bit, every logit of every row compared.
 TEST(CudaSampling, PenalizeMatchesHost) {
   SKIP_WITHOUT_GPU();
   std::mt19937 rng(17);
@@ -203,6 +203,7 @@ TEST(CudaSampling, PenalizeMatchesHost) {
     Tensor logits = random_f32({rows, vocab}, static_cast<uint32_t>(vocab) + 1, 4.0f);
     Tensor penalties = Tensor::zeros(DType::kF32, {rows, 3});
     std::vector<int32_t> offsets{0}, tokens, generated;
+    std::vector<float> bias;
     std::uniform_real_distribution<float> rep(0.5f, 2.0f), adj(-2.0f, 2.0f);
     for (int64_t r = 0; r < rows; ++r) {
       float* p = penalties.data<float>() + r * 3;
@@ -212,7 +213,10 @@ TEST(CudaSampling, PenalizeMatchesHost) {
         std::iota(ids.begin(), ids.end(), 0);
         std::shuffle(ids.begin(), ids.end(), rng);
         const std::size_t n = std::min<std::size_t>(ids.size(), 1 + rng() % 700);
-        for (std::size_t i = 0; i < n; ++i) tokens.push_back(ids[i]), generated.push_back(static_cast<int32_t>(rng() % 5) - 1);  // kBanned too
+        for (std::size_t i = 0; i < n; ++i) {  // kNotSeen and kBanned too; a bias on every third
+          tokens.push_back(ids[i]), generated.push_back(static_cast<int32_t>(rng() % 6) - 2);
+          bias.push_back(i % 3 == 0 ? 50.0f * adj(rng) : 0.0f);
+        }
       }
       offsets.push_back(static_cast<int32_t>(tokens.size()));
     }
@@ -221,8 +225,10 @@ TEST(CudaSampling, PenalizeMatchesHost) {
       std::copy(v.begin(), v.end(), t.data<int32_t>());
       return t;
     };
+    Tensor host_bias = Tensor::zeros(DType::kF32, {static_cast<int64_t>(bias.size())});
+    std::copy(bias.begin(), bias.end(), host_bias.data<float>());
     const PenaltySettings host{.row_offsets = i32(offsets), .tokens = i32(tokens), .generated = i32(generated),
-                               .penalties = penalties};
+                               .bias = host_bias, .penalties = penalties};
     Tensor want = Tensor::zeros(DType::kF32, {rows, vocab});
     std::copy_n(logits.data<float>(), rows * vocab, want.data<float>());
     CpuOps cpu;
@@ -230,7 +236,8 @@ TEST(CudaSampling, PenalizeMatchesHost) {
     cuda::CudaOps gpu;
     Tensor got = gpu.upload(logits);
     gpu.penalize(got, {.row_offsets = gpu.upload(host.row_offsets), .tokens = gpu.upload(host.tokens),
-                       .generated = gpu.upload(host.generated), .penalties = gpu.upload(penalties)});
+                       .generated = gpu.upload(host.generated), .bias = gpu.upload(host_bias),
+                       .penalties = gpu.upload(penalties)});
     const Tensor back = gpu.download(got);
     int64_t changed = 0;
     for (int64_t i = 0; i < rows * vocab; ++i) {

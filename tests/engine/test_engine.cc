@@ -112,7 +112,11 @@ TEST_F(EngineTest, PenalizedRequestsMatchServedAlone) {
   auto requests = mixed_requests(12, 3);
   for (std::size_t i = 0; i < requests.size(); ++i) {
     requests[i].max_tokens = 16 + static_cast<int64_t>(i % 4);
-    if (i % 4 == 3) continue;  // no penalties
+    if (i % 4 == 3) {  // no penalties; a bias on a few tokens for half of them
+      if (i % 8 == 3) requests[i].sampling.logit_bias = {{7, 3.0f}, {300, -2.0f}, {451, 5.0f}};
+      continue;
+    }
+    if (i % 3 == 1) requests[i].sampling.logit_bias = {{11, 4.0f}, {12, -50.0f}};
     requests[i].sampling.penalties = {.repetition = i % 4 == 0 ? 1.8f : 1.0f,
                                       .frequency = i % 4 == 1 ? 1.5f : 0.0f,
                                       .presence = i % 4 == 2 ? 2.0f : 0.3f};
@@ -125,9 +129,23 @@ TEST_F(EngineTest, PenalizedRequestsMatchServedAlone) {
     EXPECT_EQ(got[i], alone(requests[i])) << "request " << i;
     Request plain = requests[i];
     plain.sampling.penalties = {};
+    plain.sampling.logit_bias = {};
     changed = changed || (requests[i].sampling.penalties.any() && alone(plain) != got[i]);
   }
   EXPECT_TRUE(changed) << "no penalty changed any generation";
+}
+
+// logit_bias: +100 on a token makes greedy decoding pick it at every step, -100 on the greedy first
+// token makes it pick another.
+TEST_F(EngineTest, LogitBiasSteersGreedyDecoding) {
+  const std::vector<int32_t> prompt{5, 6, 7, 8};
+  Request forced{.prompt = prompt, .max_tokens = 6};
+  forced.sampling.logit_bias = {{77, 100.0f}};
+  EXPECT_EQ(batched({forced}, {.num_blocks = 32, .block_size = 4})[0], std::vector<int32_t>(6, 77));
+  const int32_t first = alone({.prompt = prompt, .max_tokens = 1})[0];
+  Request avoided{.prompt = prompt, .max_tokens = 1};
+  avoided.sampling.logit_bias = {{first, -100.0f}};
+  EXPECT_NE(batched({avoided}, {.num_blocks = 32, .block_size = 4})[0][0], first);
 }
 
 // min_tokens: no stop token is sampled before that many tokens, batched beside others; after it the

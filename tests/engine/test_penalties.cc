@@ -15,17 +15,21 @@ namespace {
 
 TEST(Penalties, PenalizedLogitHandDerived) {
   // Repetition alone: positive logits divided, the rest multiplied.
-  EXPECT_EQ(penalized_logit(2.0f, 0, 2.0f, 0.5f, 0.25f), 1.0f);  // prompt only: no frequency, presence
-  EXPECT_EQ(penalized_logit(-2.0f, 0, 2.0f, 0.5f, 0.25f), -4.0f);
-  EXPECT_EQ(penalized_logit(0.0f, 0, 2.0f, 0.0f, 0.0f), 0.0f);
+  EXPECT_EQ(penalized_logit(2.0f, 0, 0.0f, 2.0f, 0.5f, 0.25f), 1.0f);  // prompt only: no frequency, presence
+  EXPECT_EQ(penalized_logit(-2.0f, 0, 0.0f, 2.0f, 0.5f, 0.25f), -4.0f);
+  EXPECT_EQ(penalized_logit(0.0f, 0, 0.0f, 2.0f, 0.0f, 0.0f), 0.0f);
   // Generated 3 times: 2 − 0.5·3 − 0.25.
-  EXPECT_EQ(penalized_logit(2.0f, 3, 1.0f, 0.5f, 0.25f), 0.25f);
+  EXPECT_EQ(penalized_logit(2.0f, 3, 0.0f, 1.0f, 0.5f, 0.25f), 0.25f);
   // Both: −1 · 1.5 = −1.5, then −(−0.5 · 1) − 1 = −2.
-  EXPECT_EQ(penalized_logit(-1.0f, 1, 1.5f, -0.5f, 1.0f), -2.0f);
+  EXPECT_EQ(penalized_logit(-1.0f, 1, 0.0f, 1.5f, -0.5f, 1.0f), -2.0f);
   // Negative presence raises: 0 · 4 = 0, then − 1 · 2 − (−2) = 0.
-  EXPECT_EQ(penalized_logit(0.0f, 2, 4.0f, 1.0f, -2.0f), 0.0f);
+  EXPECT_EQ(penalized_logit(0.0f, 2, 0.0f, 4.0f, 1.0f, -2.0f), 0.0f);
+  // logit_bias first: 2 + 2 = 4, then / 2 = 2, − 0.5 − 0.25 = 1.25.
+  EXPECT_EQ(penalized_logit(2.0f, 1, 2.0f, 2.0f, 0.5f, 0.25f), 1.25f);
+  // A biased token not seen: its bias alone (no repetition penalty).
+  EXPECT_EQ(penalized_logit(-1.0f, kNotSeen, -3.0f, 2.0f, 1.0f, 1.0f), -4.0f);
   // A banned token (a stop token before min_tokens) cannot be sampled.
-  EXPECT_EQ(penalized_logit(7.0f, kBanned, 1.0f, 0.0f, 0.0f), -INFINITY);
+  EXPECT_EQ(penalized_logit(7.0f, kBanned, 0.0f, 1.0f, 0.0f, 0.0f), -INFINITY);
   EXPECT_FALSE(Penalties{}.any());
   EXPECT_TRUE((Penalties{.presence = 0.1f}).any());
 }
@@ -45,9 +49,11 @@ TEST(Penalties, OpsPenalizeRowsInCsrForm) {
   const float p[] = {2.0f, 0.5f, 1.0f, /**/ 3.0f, 1.0f, 1.0f, /**/ 1.0f, 0.0f, 2.0f};
   for (int i = 0; i < 9; ++i) penalties.data<float>()[i] = p[i];
   CpuOps ops;
+  Tensor bias = Tensor::zeros(DType::kF32, {3});
   ops.penalize(logits, {.row_offsets = i32({0, 2, 2, 3}),
                         .tokens = i32({4, 0, 1}),
                         .generated = i32({2, 0, 1}),
+                        .bias = bias,
                         .penalties = penalties});
   const std::vector<float> want = {
       -4.0f, -1.0f, 0.0f, 1.0f, 2.0f / 2.0f - 0.5f * 2.0f - 1.0f,  // row 0: -2·2; 2/2 − 1 − 1
@@ -67,6 +73,17 @@ TEST(Penalties, SequenceSeenTokens) {
   // Without one only the generated tokens matter.
   EXPECT_EQ(sequence({.frequency = 0.5f}), (std::vector<SeenToken>{{3, 2}, {7, 1}}));
   EXPECT_TRUE(sequence({}).empty());
+}
+
+TEST(Penalties, LogitBiasEntries) {
+  Sequence s(1, {5, 3}, {.sampling = {.penalties = {.repetition = 1.5f}, .logit_bias = {{3, 2.0f}, {8, -1.0f}}},
+                         .max_tokens = 8});
+  s.append(8);
+  // 3: in the prompt, biased; 5: in the prompt; 8: generated once, biased.
+  EXPECT_EQ(s.seen_tokens(), (std::vector<SeenToken>{{3, 0, 2.0f}, {5, 0, 0.0f}, {8, 1, -1.0f}}));
+  Sequence plain(2, {5, 3}, {.sampling = {.logit_bias = {{3, 2.0f}}}, .max_tokens = 8});
+  EXPECT_TRUE(plain.adjusts_logits());
+  EXPECT_EQ(plain.seen_tokens(), (std::vector<SeenToken>{{3, kNotSeen, 2.0f}}));  // no penalties: bias alone
 }
 
 TEST(Penalties, StopTokensBannedBeforeMinTokens) {

@@ -64,6 +64,8 @@ TEST(Protocol, CompletionFields) {
   EXPECT_EQ(parse_completion_request(R"({"prompt": "p", "min_tokens": 3})").min_tokens, 3);
   EXPECT_EQ(parse_completion_request(R"({"prompt": "p", "n": 4})").n, 4);
   EXPECT_TRUE(parse_completion_request(R"({"prompt": "p", "echo": true})").echo);
+  EXPECT_EQ(parse_completion_request(R"({"prompt": "p", "logit_bias": {"7": -100, "12": 2.5}})").sampling.logit_bias,
+            (std::vector<std::pair<int32_t, float>>{{12, 2.5f}, {7, -100.0f}}));  // in the object's (sorted) order
   EXPECT_FALSE(parse_completion_request(R"({"prompt": "p"})").sampling.penalties.any());
 }
 
@@ -143,9 +145,12 @@ TEST(Protocol, RejectsBadCompletions) {
       {R"({"prompt": "p", "repetition_penalty": -1})", "repetition_penalty"},
       {R"({"prompt": "p", "min_tokens": -1})", "min_tokens"},
       {R"({"prompt": "p", "min_tokens": 1.5})", "min_tokens"},
-      // Accepted only where it changes nothing: output that ignored it would mislead.
-      {R"({"prompt": "p", "logit_bias": {"5": 10}})", "logit_bias"},
       {R"({"prompt": "p", "logit_bias": [1]})", "logit_bias"},
+      {R"({"prompt": "p", "logit_bias": {"x": 1}})", "logit_bias"},
+      {R"({"prompt": "p", "logit_bias": {"-1": 1}})", "logit_bias"},
+      {R"({"prompt": "p", "logit_bias": {"5": 101}})", "logit_bias"},
+      {R"({"prompt": "p", "logit_bias": {"5": "1"}})", "logit_bias"},
+      {R"({"prompt": "p", "logit_bias": {"5": 1, "05": 2}})", "logit_bias"},
   };
   for (const auto& [body, param] : cases) {
     const auto [status, got_param] = rejection(body);

@@ -552,6 +552,17 @@ class StopAndSeed(unittest.TestCase):
                                 frequency_penalty=0, presence_penalty=0)
         self.assertEqual(neutral["choices"][0]["text"], plain)
 
+    def test_logit_bias_steers_greedy_text(self):
+        r = self.complete(prompt="Hello", temperature=0, max_tokens=5, logit_bias={"77": 100},
+                          logprobs=0, return_tokens_as_token_ids=True)
+        self.assertEqual(r["choices"][0]["logprobs"]["tokens"], ["token_id:77"] * 5)
+        # The raw log-probabilities are the model's: the bias does not enter them (as vLLM's default).
+        plain = self.complete(prompt="Hello", temperature=0, max_tokens=1, logprobs=20,
+                              return_tokens_as_token_ids=True)
+        self.assertNotEqual(plain["choices"][0]["logprobs"]["tokens"][0], "token_id:77")
+        status, r = request("POST", "/v1/completions", {"prompt": "hi", "logit_bias": {"512": 1}})
+        self.assertEqual((status, r["error"]["param"]), (400, "logit_bias"))
+
     def test_seed_reproduces_sampling(self):
         a = self.complete(temperature=0.9, top_p=0.95, seed=123)["choices"][0]["text"]
         b = self.complete(temperature=0.9, top_p=0.95, seed=123)["choices"][0]["text"]
