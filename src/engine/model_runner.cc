@@ -21,6 +21,8 @@ bool is_decode(const std::vector<ScheduledSeq>& step) {
 // The penalties of the step's sampling sequences that have any, applied to their rows of logits (R
 // rows in the order of the sampling sequences, then padding).
 void penalize(Ops& ops, const std::vector<ScheduledSeq>& step, Tensor logits) {
+  if (std::none_of(step.begin(), step.end(), [](const ScheduledSeq& s) { return s.samples && s.seq->adjusts_logits(); }))
+    return;  // the usual step: no host work
   const int64_t rows = logits.dim(0);
   std::vector<int32_t> offsets{0}, tokens, generated;
   std::vector<float> bias;
