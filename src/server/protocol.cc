@@ -302,6 +302,8 @@ GenerationRequest parse_completion_request(std::string_view body) {
   parse_common(parsed, r);
   if (const json* v = field(parsed, "logprobs")) r.logprobs = get_logprobs_count(*v, "logprobs");
   if (const json* v = field(parsed, "echo")) r.echo = get_bool(*v, "echo");
+  if (const json* v = field(parsed, "suffix"); v && !(v->is_string() && v->get<std::string>().empty()))
+    reject(400, "suffix", "suffix is not supported");
   return r;
 }
 
@@ -313,6 +315,15 @@ GenerationRequest parse_chat_request(std::string_view body) {
   parse_common(parsed, r);
   if (const json* v = field(parsed, "echo"); v && get_bool(*v, "echo"))
     reject(400, "echo", "echo is not supported for chat completions");
+  // What would change the answer's form: refused rather than answered as plain text.
+  if (const json* v = field(parsed, "tools"); v && !(v->is_array() && v->empty()))
+    reject(400, "tools", "tools (function calling) are not supported");
+  if (const json* v = field(parsed, "tool_choice"); v && !(v->is_string() && v->get<std::string>() == "none"))
+    reject(400, "tool_choice", "tool_choice is not supported (only \"none\")");
+  if (const json* v = field(parsed, "response_format")) {
+    if (!v->is_object() || v->value("type", "") != "text")
+      reject(400, "response_format", "only response_format {\"type\": \"text\"} is supported");
+  }
   const json* top = field(parsed, "top_logprobs");
   if (const json* v = field(parsed, "logprobs"); v && get_bool(*v, "logprobs"))
     r.logprobs = top ? get_logprobs_count(*top, "top_logprobs") : 0;

@@ -123,6 +123,7 @@ TEST(Protocol, RejectsBadCompletions) {
       {R"({"prompt": "p", "n": 129})", "n"},
       {R"({"prompt": "p", "best_of": 3})", "best_of"},
       {R"({"prompt": "p", "echo": 1})", "echo"},
+      {R"({"prompt": "p", "suffix": "end"})", "suffix"},
       {R"({"prompt": "p", "logprobs": 21})", "logprobs"},
       {R"({"prompt": "p", "logprobs": -1})", "logprobs"},
       {R"({"prompt": "p", "logprobs": true})", "logprobs"},
@@ -172,6 +173,9 @@ TEST(Protocol, RejectsBadChats) {
       R"({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]})",
       R"({"messages": [{"role": "user", "content": "hi"}], "logprobs": 2})",
       R"({"messages": [{"role": "user", "content": "hi"}], "echo": true})",
+      R"({"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}]})",
+      R"({"messages": [{"role": "user", "content": "hi"}], "tool_choice": "auto"})",
+      R"({"messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "json_object"}})",
       R"({"messages": [{"role": "user", "content": "hi"}], "logprobs": true, "top_logprobs": 21})",
       R"({"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2})",  // needs logprobs: true
       R"({"messages": [{"role": "user", "content": "hi"}], "logprobs": false, "top_logprobs": 2})",
@@ -183,6 +187,12 @@ TEST(Protocol, RejectsBadChats) {
                 Endpoint::kChat)
           .second,
       "max_completion_tokens");
+}
+
+TEST(Protocol, NeutralFormsAreAccepted) {
+  EXPECT_NO_THROW(parse_completion_request(R"({"prompt": "p", "suffix": "", "user": "u"})"));
+  EXPECT_NO_THROW(parse_chat_request(R"({"messages": [{"role": "user", "content": "hi"}], "tools": [],
+    "tool_choice": "none", "response_format": {"type": "text"}})"));
 }
 
 TEST(Protocol, Logprobs) {
