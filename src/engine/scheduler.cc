@@ -27,14 +27,30 @@ void Scheduler::preempt(std::shared_ptr<Sequence> seq) {
   ++preemptions_;
 }
 
+namespace {
+
+// A request for prompt log-probabilities takes a logit row for each prompt token it computes; the
+// rows of one step stay within max_running (the step's sampling rows aside), as the memory plan's
+// activation reserve counts them: its chunk is cut to the rows left (one token at the least).
+int64_t cap_for_prompt_rows(const Sequence& seq, int64_t n, int64_t& rows_left) {
+  if (seq.params().prompt_logprobs < 0 || seq.prompt_logprobs_sent) return n;
+  const int64_t prompt_left = std::max<int64_t>(0, seq.num_prompt_tokens() - 1 - seq.num_computed_tokens);
+  if (std::min(n, prompt_left) > rows_left) n = std::max<int64_t>(1, rows_left);
+  rows_left = std::max<int64_t>(0, rows_left - std::min(n, prompt_left));
+  return n;
+}
+
+}  // namespace
+
 std::vector<ScheduledSeq> Scheduler::schedule() {
   std::vector<ScheduledSeq> step;
   int64_t budget = config_.max_batched_tokens;
+  int64_t prompt_rows_left = config_.max_running;
   // 1. Running sequences: those still prefilling continue their prompt; the rest decode one token.
   for (std::size_t i = 0; i < running_.size() && budget > 0;) {
     Sequence& seq = *running_[i];
     const int64_t remaining = seq.num_tokens() - seq.num_computed_tokens;
-    const int64_t n = std::min(remaining, budget);
+    const int64_t n = cap_for_prompt_rows(seq, std::min(remaining, budget), prompt_rows_left);
     while (!blocks_.can_append(seq, n) && running_.size() > i + 1) preempt(running_.back()), running_.pop_back();
     if (!blocks_.can_append(seq, n)) {  // alone and still no room: it waits for others to finish
       preempt(running_[i]);
@@ -51,7 +67,7 @@ std::vector<ScheduledSeq> Scheduler::schedule() {
     Sequence& seq = *waiting_.front();
     blocks_.attach_prefix(seq);
     const int64_t remaining = seq.num_tokens() - seq.num_computed_tokens;
-    const int64_t n = std::min(remaining, budget);
+    const int64_t n = cap_for_prompt_rows(seq, std::min(remaining, budget), prompt_rows_left);
     if (!blocks_.can_append(seq, n)) {  // it waits until running sequences free blocks
       blocks_.release(seq);
       break;

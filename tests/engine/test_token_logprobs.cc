@@ -109,9 +109,17 @@ TEST(TokenLogprobs, PromptLogprobsMatchOnePrefill) {
   engine.add_request({7, 8, 9, 10, 11, 12}, {.max_tokens = 5, .ignore_eos = true});
   const int64_t one = engine.add_request({42}, {.max_tokens = 1, .ignore_eos = true, .prompt_logprobs = 1});
   std::map<int64_t, std::vector<StepOutput>> out;
-  while (engine.has_unfinished())
-    for (StepOutput& o : engine.step()) out[o.id].push_back(std::move(o));
+  int steps = 0, steps_to_first_token = 0;
+  while (engine.has_unfinished()) {
+    ++steps;
+    for (StepOutput& o : engine.step()) {
+      if (o.id == id && out[id].empty()) steps_to_first_token = steps;
+      out[o.id].push_back(std::move(o));
+    }
+  }
   ASSERT_EQ(out[one].front().prompt_logprobs.size(), 1u);
+  // The scheduler's cut (at most max_running = 4 prompt rows a step): 22 rows take 6 steps at least.
+  EXPECT_GE(steps_to_first_token, 6);
   EXPECT_FALSE(out[one].front().prompt_logprobs[0].has_value());
   const auto& first = out[id].front();
   ASSERT_EQ(first.prompt_logprobs.size(), prompt.size());
