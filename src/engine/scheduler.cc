@@ -29,9 +29,10 @@ void Scheduler::preempt(std::shared_ptr<Sequence> seq) {
 
 namespace {
 
-// A request for prompt log-probabilities takes a logit row for each prompt token it computes; the
-// rows of one step stay within max_running (the step's sampling rows aside), as the memory plan's
-// activation reserve counts them: its chunk is cut to the rows left (one token at the least).
+// A request for prompt log-probabilities takes a logit row for each prompt token it computes, and
+// every sampling sequence one: the rows of a step stay within max_running, as many as the memory
+// plan's activation reserve counts, so a prompt chunk is cut to the rows left (to one token at the
+// least, which may go one row past).
 int64_t cap_for_prompt_rows(const Sequence& seq, int64_t n, int64_t& rows_left) {
   if (seq.params().prompt_logprobs < 0 || seq.prompt_logprobs_sent) return n;
   const int64_t prompt_left = std::max<int64_t>(0, seq.num_prompt_tokens() - 1 - seq.num_computed_tokens);
@@ -59,6 +60,7 @@ std::vector<ScheduledSeq> Scheduler::schedule() {
     }
     blocks_.append_slots(seq, n);
     step.push_back({&seq, n, n == remaining});
+    if (n == remaining) prompt_rows_left = std::max<int64_t>(0, prompt_rows_left - 1);  // its sampling row
     budget -= n;
     ++i;
   }
@@ -77,6 +79,7 @@ std::vector<ScheduledSeq> Scheduler::schedule() {
     running_.push_back(waiting_.front());
     waiting_.pop_front();
     step.push_back({&seq, n, n == remaining});
+    if (n == remaining) prompt_rows_left = std::max<int64_t>(0, prompt_rows_left - 1);
     budget -= n;
   }
   return step;
