@@ -103,6 +103,10 @@ constexpr int kMmaMaxTokenTiles = 0;
 #ifndef NIBBLE_MOE_BLOCKS_2G
 #define NIBBLE_MOE_BLOCKS_2G 2
 #endif
+// Blocks an SM should hold for 64-row tiles of one consumer warpgroup (an experiment: -DNIBBLE_MOE_BLOCKS_1G_64=3).
+#ifndef NIBBLE_MOE_BLOCKS_1G_64
+#define NIBBLE_MOE_BLOCKS_1G_64 2
+#endif
 // Two consumer warpgroups take turns at the tensor cores: each issues a stage's chain only after the
 // other has issued its own (a build define, -DNIBBLE_MOE_TURNS=0 for an A/B). Measured on an H200
 // (bench/RESULTS.md, twenty-third session, the layer graph-replayed, µs without / with): Mixtral 32
@@ -160,7 +164,7 @@ struct Tile {
   static constexpr int kReduceSlots = kMma ? kWarps * kWarps * kTokenTiles * 32 : 1;
   // Blocks an SM should hold (registers permitting), and as many stages as their share of the SM's
   // shared memory allows.
-  static constexpr int kMinBlocks = kGroups == 1 ? (kTokenTiles <= 2 ? NIBBLE_MOE_BLOCKS_1G : kTokenTiles == 4 ? 3 : 2)
+  static constexpr int kMinBlocks = kGroups == 1 ? (kTokenTiles <= 2 ? NIBBLE_MOE_BLOCKS_1G : kTokenTiles == 4 ? 3 : NIBBLE_MOE_BLOCKS_1G_64)
                                                  : (kTokenTiles <= 2 ? NIBBLE_MOE_BLOCKS_2G : 1);
   static constexpr int kStages =
       std::clamp((220 * 1024 / kMinBlocks - 2048 - (kMma ? kReduceSlots * 16 : 0)) / kStageBytes, 3, 8);
