@@ -69,6 +69,15 @@ constexpr int kEarlyL2Stages = 0;
 // Timing experiments (bench/RESULTS.md): NIBBLE_MOE_LEAVE_OUT is a sum of what is left out: 1 the
 // consumers' math, 2 the activation copies, 4 the weight copies (wrong results; the time of the rest).
 enum LeaveOut : int { kNothing = 0, kMath = 1, kActivations = 2, kWeights = 4 };
+// Leaving the math out (1) needs a build with -DNIBBLE_MOE_LEAVE_OUT_MATH=1: its runtime branch in the
+// consumers' stage loop made ptxas copy the INT4 64-row tiles' 32 sums between registers every stage
+// (a register join it could not coalesce), about a sixth of their loop's instructions, so those
+// kernels leave it out of other builds. The other kernels keep the branch (never taken there): without
+// it ptxas serialized the wgmmas of the 128-row tiles and the FP8 64-row tiles (C7511, too few
+// registers for the wgmma pipeline).
+#ifndef NIBBLE_MOE_LEAVE_OUT_MATH
+#define NIBBLE_MOE_LEAVE_OUT_MATH 0
+#endif
 // Timing probes of the wgmma consumers (NIBBLE_MOE_PROBE; wrong results): no tensor-core
 // instructions (the operands folded into the sums instead; 16-row tiles), constant A operands (no
 // weight loads or nibble masks; 16- and 128-row tiles), or A from shared memory (the stage's
@@ -114,6 +123,9 @@ constexpr int kMmaMaxTokenTiles = 0;
 // 834.7 / 813.0, 1024 2175.3 / 2154.8. It was a launch argument then, and the branch on it made ptxas
 // serialize the wgmmas of the two-group tiles of 8 to 32 rows (C7520: a `WARPGROUP.DEPBAR` after each
 // QGMMA; Mixtral's and Grok-1's gate_up at 17 to 32 tokens); a constant keeps their chains asynchronous.
+#ifndef NIBBLE_MOE_JOINED_SUMS
+#define NIBBLE_MOE_JOINED_SUMS 0
+#endif
 #ifndef NIBBLE_MOE_TURNS
 #define NIBBLE_MOE_TURNS 1
 #endif
@@ -400,6 +412,12 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
   Cursor compute{.unit = static_cast<int>(blockIdx.x)};
   walk.resolve(compute, p);
   float acc[kAcc] = {};
+  // Narrow chains of 64-row tiles (NIBBLE_MOE_JOINED_SUMS, an experiment): the chain's sums kept in
+  // one array across the chunk's stages and added to acc after the widths' branches join, every
+  // accumulator each stage (those past the chunk's width stay zero), so that both widths keep acc and
+  // the sums in the same registers; added inside each branch, ptxas moves them between the two.
+  constexpr bool kJoinedSums = NIBBLE_MOE_JOINED_SUMS && !kMma && kRows == 64 && kProbe == kNoProbe;
+  [[maybe_unused]] float d_chunk[kJoinedSums ? kAcc : 1];
   [[maybe_unused]] const uint64_t act_desc = wgmma::descriptor_sw128(&sm.act[0][0]);
   [[maybe_unused]] const auto act_desc_lo = static_cast<uint32_t>(act_desc);
   [[maybe_unused]] const uint64_t act_desc_hi = act_desc & 0xFFFFFFFF00000000ull;  // swizzle, 8-row stride
@@ -464,7 +482,8 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
 
     const int first = compute.kb_begin + compute.stage * kBlocksPerStage;
     const int nkb = min(kBlocksPerStage, compute.kb_begin + compute.kb_count - first);
-    if (p.leave_out & kMath) {
+    constexpr bool kMathBranch = NIBBLE_MOE_LEAVE_OUT_MATH || kMma || kFp8 || kRows != 64 || kProbe != kNoProbe;
+    if (kMathBranch && (p.leave_out & kMath)) {
       if (kMma || lane == 0) release();
       walk.advance(compute, p);
       continue;
@@ -541,7 +560,16 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
     // n128, the tensor cores' best rate on A from registers), so that a partly filled chunk (an expert's
     // last, or one of fewer rows than the tile) costs the tensor cores only its rows. Accumulators past
     // N stay zero (a chunk's width is the same at every stage); rows past the chunk's are never written.
-    float d[kAcc];
+    [[maybe_unused]] float d_stage[kJoinedSums ? 1 : kAcc];
+    float(&d)[kAcc] = [&]() -> float(&)[kAcc] {
+      if constexpr (kJoinedSums) return d_chunk; else return d_stage;
+    }();
+    if constexpr (kJoinedSums) {
+      if (compute.stage == 0) {  // the chunk's width leaves the sums past it zero at every stage
+#pragma unroll
+        for (int j = 0; j < kAcc; ++j) d[j] = 0.0f;
+      }
+    }
     if constexpr (kProbe == kProbeNoTensor) {  // the operands folded into d instead
 #pragma unroll
       for (int j = 0; j < kAcc; ++j) d[j] = __uint_as_float(a[j % kBlocksPerStage][j % 2][j % 4] ^ a[3][1][j % 4]);
@@ -574,8 +602,10 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
         wgmma::commit();
         if constexpr (turns) ptx::named_barrier_arrive(2 + (group_in_block ^ 1), kConsumers);
         wgmma::wait<0>();
+        if constexpr (!kJoinedSums) {
 #pragma unroll
-        for (int j = 0; j < kN / 2; ++j) acc[j] += dn[j];
+          for (int j = 0; j < kN / 2; ++j) acc[j] += dn[j];
+        }
       };
       // The chain's width (tiles of 64 and 128 rows, with narrow chains): the narrowest multiple of 32
       // rows (the narrowest wgmma at the tensor cores' full rate, bench/probe_tensor_rate.cu) that holds
@@ -588,6 +618,10 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
       constexpr bool kNarrow = kRows >= 64 && kProbe == kNoProbe;
       const int live_rows = p.narrow_chains ? compute.rows - compute.chunk * kRows : kRows;
       with_width<kRows, (kNarrow ? 32 : kRows)>(live_rows, chain);
+      if constexpr (kJoinedSums) {
+#pragma unroll
+        for (int j = 0; j < kAcc; ++j) acc[j] += d[j];
+      }
     }
     if (lane == 0) release();  // this warp is done reading the slot
     }
@@ -770,6 +804,8 @@ void launch(const GemmW4A8Args& p, cudaStream_t stream) {
   static const int prefetch_stages = env_or("NIBBLE_MOE_PREFETCH_STAGES", kPrefetchStages);
   static const int early_l2_stages = env_or("NIBBLE_MOE_EARLY_L2_STAGES", kEarlyL2Stages);
   static const int leave_out = env_or("NIBBLE_MOE_LEAVE_OUT", kNothing);
+  check(NIBBLE_MOE_LEAVE_OUT_MATH || !(leave_out & kMath),
+        "NIBBLE_MOE_LEAVE_OUT=", leave_out, " leaves the math out: build with -DNIBBLE_MOE_LEAVE_OUT_MATH=1");
   // The weights are read once a step: their copies ask L2 to evict them first, so that they do not
   // push out what the step reads again (activations, the KV cache, the next kernels' inputs).
   // Measured on an H200 (bench/RESULTS.md, nineteenth session, Mixtral-8x7B W4A8 decode, ms a step,
