@@ -417,7 +417,7 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
   // accumulator each stage (those past the chunk's width stay zero), so that both widths keep acc and
   // the sums in the same registers; added inside each branch, ptxas moves them between the two.
   constexpr bool kJoinedSums = NIBBLE_MOE_JOINED_SUMS && !kMma && kRows == 64 && kProbe == kNoProbe;
-  [[maybe_unused]] float d_chunk[kJoinedSums ? kAcc : 1];
+  [[maybe_unused]] float d_chunk[kAcc];
   [[maybe_unused]] const uint64_t act_desc = wgmma::descriptor_sw128(&sm.act[0][0]);
   [[maybe_unused]] const auto act_desc_lo = static_cast<uint32_t>(act_desc);
   [[maybe_unused]] const uint64_t act_desc_hi = act_desc & 0xFFFFFFFF00000000ull;  // swizzle, 8-row stride
@@ -560,10 +560,8 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
     // n128, the tensor cores' best rate on A from registers), so that a partly filled chunk (an expert's
     // last, or one of fewer rows than the tile) costs the tensor cores only its rows. Accumulators past
     // N stay zero (a chunk's width is the same at every stage); rows past the chunk's are never written.
-    [[maybe_unused]] float d_stage[kJoinedSums ? 1 : kAcc];
-    float(&d)[kAcc] = [&]() -> float(&)[kAcc] {
-      if constexpr (kJoinedSums) return d_chunk; else return d_stage;
-    }();
+    float d_stage[kAcc];
+    float(&d)[kAcc] = kJoinedSums ? d_chunk : d_stage;
     if constexpr (kJoinedSums) {
       if (compute.stage == 0) {  // the chunk's width leaves the sums past it zero at every stage
 #pragma unroll
