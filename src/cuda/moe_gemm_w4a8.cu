@@ -123,6 +123,11 @@ constexpr int kMmaMaxTokenTiles = 0;
 // 834.7 / 813.0, 1024 2175.3 / 2154.8. It was a launch argument then, and the branch on it made ptxas
 // serialize the wgmmas of the two-group tiles of 8 to 32 rows (C7520: a `WARPGROUP.DEPBAR` after each
 // QGMMA; Mixtral's and Grok-1's gate_up at 17 to 32 tokens); a constant keeps their chains asynchronous.
+// The 64-row tiles' early sums (below, kEarlySums: 32 registers a consumer thread through a chunk's
+// last stage); an experiment builds them without (-DNIBBLE_MOE_EARLY_SUMS_64=0), e.g. for three blocks an SM.
+#ifndef NIBBLE_MOE_EARLY_SUMS_64
+#define NIBBLE_MOE_EARLY_SUMS_64 1
+#endif
 #ifndef NIBBLE_MOE_JOINED_SUMS
 #define NIBBLE_MOE_JOINED_SUMS 0
 #endif
@@ -432,7 +437,7 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
   // gate_up / down without and with: Mixtral 128 tokens 225.6 / 115.8 against 220.3 / 111.5; 16-row
   // tiles lost (Mixtral 32 tokens 136.5 / 67.3 against 138.9 / 68.5; the engine at batch 32 9.52
   // against 9.80 ms a step), and keep their sums for the epilogue.
-  constexpr int kEarlySums = kMma || kFp8 || kRows < 64 ? 0 : 64 / kThreadsPerRow;
+  constexpr int kEarlySums = kMma || kFp8 || kRows < 64 || (kRows == 64 && !NIBBLE_MOE_EARLY_SUMS_64) ? 0 : 64 / kThreadsPerRow;
   [[maybe_unused]] float early_sums[kEarlySums > 0 ? kEarlySums : 1];
   [[maybe_unused]] float early_scale = 0.0f;
   auto act_row_of = [&](const Cursor& c) -> int64_t {
