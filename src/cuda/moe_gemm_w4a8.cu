@@ -128,6 +128,11 @@ constexpr int kMmaMaxTokenTiles = 0;
 #ifndef NIBBLE_MOE_EARLY_SUMS_64
 #define NIBBLE_MOE_EARLY_SUMS_64 1
 #endif
+// The 64-row tiles' narrow chains (below, kNarrow); an experiment builds them without
+// (-DNIBBLE_MOE_NARROW_64=0: one chain width, fewer registers).
+#ifndef NIBBLE_MOE_NARROW_64
+#define NIBBLE_MOE_NARROW_64 1
+#endif
 #ifndef NIBBLE_MOE_JOINED_SUMS
 #define NIBBLE_MOE_JOINED_SUMS 0
 #endif
@@ -618,7 +623,7 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
       // their wgmmas, C7519) measured on an H200 (bench/RESULTS.md, twenty-fifth session, the layer, µs
       // with / without, two rounds): Grok-1 tp 2 128 tokens 586.5, 583.3 / 617.2, 623.3; DeepSeek-V3
       // 1024 3195.5, 3197.9 / 3338.8, 3341.5; Mixtral 128 355.8, 352.6 / 358.9, 365.6; equal at 64, 256.
-      constexpr bool kNarrow = kRows >= 64 && kProbe == kNoProbe;
+      constexpr bool kNarrow = kRows >= 64 && kProbe == kNoProbe && (kRows > 64 || NIBBLE_MOE_NARROW_64);
       const int live_rows = p.narrow_chains ? compute.rows - compute.chunk * kRows : kRows;
       with_width<kRows, (kNarrow ? 32 : kRows)>(live_rows, chain);
       if constexpr (kJoinedSums) {
