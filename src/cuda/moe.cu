@@ -8,6 +8,7 @@
 #include "cuda/cuda_check.h"
 #include "cuda/device.h"
 #include "cuda/env_setting.h"
+#include "cuda/lt_fp8_gemm.h"
 #include "cuda/moe_combine.h"
 #include "cuda/moe_gemm_w4a8.h"
 #include "cuda/moe_prefill.h"
@@ -65,6 +66,13 @@ bool decode_path_forced() {
   return forced;
 }
 
+// NIBBLE_ROUTER_LOGITS=kernel keeps the router logits of every call on the CUDA-core kernels (an A/B);
+// unset or auto, calls of kTensorLogitsMinTokens tokens or more take them from cuBLAS (RouteArgs::blas).
+bool tensor_router_logits() {
+  static const bool on = env_choice("NIBBLE_ROUTER_LOGITS", {"auto", "kernel"}) != "kernel";
+  return on;
+}
+
 // The prefill path synchronizes with the host, so a CUDA graph (decode) always keeps the decode path.
 bool takes_prefill_path(MoePath path, int64_t tokens, int64_t top_k, int64_t experts, cudaStream_t stream) {
   if (path == MoePath::kAuto && decode_path_forced()) return false;
@@ -109,6 +117,7 @@ MoeWorkspace::MoeWorkspace(const MoeWeightsW4A8& w, int64_t tokens, int64_t k, P
       prefill_options(options) {
   const int64_t E = w.num_experts, H = w.hidden_size, I = w.intermediate_size, rows = tokens * k;
   check(tokens >= 1 && k >= 1 && k <= E, "MoeWorkspace: bad sizes");
+  if (tokens >= kTensorLogitsMinTokens) cublas_check(cublasCreate(&blas));
   router_logits = empty(DType::kF32, {tokens, E});
   topk_ids = empty(DType::kI32, {tokens, k});
   topk_weights = empty(DType::kF32, {tokens, k});
@@ -136,7 +145,9 @@ MoeWorkspace::MoeWorkspace(const MoeWeightsW4A8& w, int64_t tokens, int64_t k, P
     prefill = std::make_unique<MoePrefillWorkspace>(E, H, I, tokens, k, prefill_options);
 }
 
-MoeWorkspace::~MoeWorkspace() = default;
+MoeWorkspace::~MoeWorkspace() {
+  if (blas != nullptr) cublasDestroy(blas);
+}
 
 bool moe_w4a8_fuses_activation(const MoeWeightsW4A8& w, const MoeWorkspace& ws, int64_t tokens, int64_t top_k) {
   const int64_t rows = tokens * top_k;
@@ -162,7 +173,8 @@ void moe_w4a8(const Tensor& x, const MoeWeightsW4A8& w, const MoeParams& params,
   const RouteArgs route{.x = x.raw(), .router = w.router.raw(), .logits = ws.router_logits.data<float>(),
                         .topk_ids = ws.topk_ids.data<int32_t>(), .topk_weights = ws.topk_weights.data<float>(),
                         .tokens = T, .hidden = H, .experts = E, .top_k = K, .norm = params.router_norm,
-                        .softcap = params.router_softcap};
+                        .softcap = params.router_softcap,
+                        .blas = tensor_router_logits() ? ws.blas : nullptr};
   const GroupArgs group{.topk_ids = ws.topk_ids.data<int32_t>(), .expert_offsets = ws.expert_offsets.data<int32_t>(),
                         .active_experts = ws.active_experts.data<int32_t>(),
                         .sorted_tokens = ws.sorted_tokens.data<int32_t>(), .row_pos = ws.row_pos.data<int32_t>(),

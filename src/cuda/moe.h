@@ -7,6 +7,7 @@
 // cuBLASLt FP8 GEMMs, with one host synchronization a call.
 #pragma once
 
+#include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
@@ -62,6 +63,9 @@ struct MoeWorkspace {
   // gate_up's K splits on the decode path when not fused; 0: choose_k_splits's (a test or an experiment
   // may fix it).
   int64_t gate_up_splits = 0;
+  // cuBLAS for the router logits of many tokens (RouteArgs::blas), where the workspace takes
+  // kTensorLogitsMinTokens tokens or more; owned.
+  cublasHandle_t blas = nullptr;
   Tensor router_logits;   // F32 (T, E)
   Tensor topk_ids;        // I32 (T, K)
   Tensor topk_weights;    // F32 (T, K)

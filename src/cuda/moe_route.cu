@@ -11,6 +11,7 @@
 #include "cuda/env_setting.h"
 #include "cuda/fp8_rows.cuh"
 #include "cuda/launch.h"
+#include "cuda/lt_fp8_gemm.h"
 #include "cuda/moe_route.h"
 #include "cuda/ptx.cuh"
 
@@ -472,9 +473,21 @@ void route_topk(const RouteArgs& p, cudaStream_t stream) {
   check(p.top_k >= 1 && p.top_k <= kMaxTopK && p.top_k <= p.experts, "route_topk: top_k ", p.top_k);
   if (p.tokens == 0) return;
   check(p.hidden % 8 == 0, "route_topk: hidden size ", p.hidden, " is not a multiple of 8");
-  const LogitTile tile = logit_tile(p.tokens, p.experts);
-  launch_kernel(logits_kernel_for(tile), tile_grid(tile, p.tokens, p.experts), kLogitWarps * 32, 0, stream, p);
-  cuda_check(cudaGetLastError());
+  if (p.blas != nullptr && p.tokens >= kTensorLogitsMinTokens) {
+    // logits (T, E) row-major = x (T, H) · routerᵀ: in cuBLAS's column-major terms logits (E × T, ld E)
+    // = router (stored H × E, transposed) · x (H × T).
+    const float one = 1.0f, zero = 0.0f;
+    cublas_check(cublasSetStream(p.blas, stream));
+    cublas_check(cublasGemmEx(p.blas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(p.experts),
+                              static_cast<int>(p.tokens), static_cast<int>(p.hidden), &one, p.router, CUDA_R_16BF,
+                              static_cast<int>(p.hidden), p.x, CUDA_R_16BF, static_cast<int>(p.hidden), &zero,
+                              p.logits, CUDA_R_32F, static_cast<int>(p.experts), CUBLAS_COMPUTE_32F,
+                              CUBLAS_GEMM_DEFAULT));
+  } else {
+    const LogitTile tile = logit_tile(p.tokens, p.experts);
+    launch_kernel(logits_kernel_for(tile), tile_grid(tile, p.tokens, p.experts), kLogitWarps * 32, 0, stream, p);
+    cuda_check(cudaGetLastError());
+  }
   constexpr int kWarpsPerBlock = 4;
   launch_kernel(topk_kernel, static_cast<unsigned>((p.tokens + kWarpsPerBlock - 1) / kWarpsPerBlock),
                 kWarpsPerBlock * 32, 0, stream, p);

@@ -3,6 +3,7 @@
 // that the grouped GEMM reads. Up to 512 experts and top-k 16.
 #pragma once
 
+#include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
@@ -17,6 +18,10 @@ inline constexpr int kMaxTopK = 16;
 // The one-launch routing's counters (GroupArgs::blocks_done): one for the grid, one a tile of tokens.
 inline constexpr int64_t kRouteTileCounters = 128;
 inline constexpr int64_t kRouteCounters = 1 + kRouteTileCounters;
+// route_topk computes the logits of at least this many tokens on the tensor cores where it is given a
+// cuBLAS handle (RouteArgs::blas): more than route_and_group's one launch takes, so that every
+// routing of up to 1024 tokens (decode) keeps the logits of its CUDA-core kernels.
+inline constexpr int64_t kTensorLogitsMinTokens = 1025;
 
 struct RouteArgs {
   const void* x;          // BF16 (T, H)
@@ -30,6 +35,9 @@ struct RouteArgs {
   int64_t top_k;
   RouterNorm norm;
   float softcap;  // logits become softcap·tanh(logit / softcap) before the softmax; 0 = off
+  // Set: route_topk takes the logits of kTensorLogitsMinTokens tokens or more from one cuBLAS BF16 GEMM
+  // (fp32 sums, in cuBLAS's order: they may differ from the CUDA-core kernels' in the last bits).
+  cublasHandle_t blas = nullptr;
 };
 
 void route_topk(const RouteArgs& args, cudaStream_t stream);

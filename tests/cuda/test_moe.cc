@@ -573,19 +573,26 @@ TEST(MoeLayerBf16, MatchesCpuTwin) {
 // exactly once). Against the host, tokens whose k-th and (k+1)-th probabilities are within 1e-5 may
 // pick either. Cluster launch: 4 tokens of 8 experts (the largest), 2 of 16 with a soft-cap, 1 of 8;
 // block a token: 5, 32, 200 (soft-cap) and 1024 tokens of 8 experts; tiles: 13, 40, 256 and 700 tokens
-// of 24 to 256 experts; three kernels (their logit tiles): 2000 tokens of 64 experts.
+// of 24 to 256 experts; three kernels (their logit tiles): 2000 tokens of 64 experts; the logits of
+// cuBLAS (RouteArgs::blas, from kTensorLogitsMinTokens tokens): 1100 tokens of 256 experts, and of 8
+// with a soft-cap.
 TEST(RouteAndGroup, MatchesHostRouting) {
   SKIP_WITHOUT_GPU();
   struct Case {
     int64_t E, H, T, K;
     RouterNorm norm = RouterNorm::kRenormalize;
     float softcap = 0.0f;
+    bool tensor_logits = false;
   };
+  cublasHandle_t blas = nullptr;
+  ASSERT_EQ(cublasCreate(&blas), CUBLAS_STATUS_SUCCESS);
   for (const Case c : {Case{8, 4096, 1, 2}, Case{8, 4096, 4, 2}, Case{8, 4096, 5, 2}, Case{8, 4096, 32, 2},
                        Case{256, 7168, 1, 8}, Case{16, 1040, 2, 2, RouterNorm::kNone, 2.0f},
                        Case{64, 1040, 13, 2, RouterNorm::kNone, 2.0f}, Case{256, 1040, 700, 8},
                        Case{256, 7168, 256, 8}, Case{64, 1040, 2000, 2}, Case{24, 1040, 40, 2},
-                       Case{8, 1040, 200, 2, RouterNorm::kNone, 30.0f}, Case{8, 1040, 1024, 2}}) {
+                       Case{8, 1040, 200, 2, RouterNorm::kNone, 30.0f}, Case{8, 1040, 1024, 2},
+                       Case{256, 1040, 1100, 8, RouterNorm::kRenormalize, 0.0f, true},
+                       Case{8, 4096, 1100, 2, RouterNorm::kNone, 30.0f, true}}) {
     const int64_t E = c.E, H = c.H, T = c.T, K = c.K;
     const Tensor x = to_bf16(random_f32({T, H}, 31)), router = to_bf16(random_f32({E, H}, 32, 0.05f));
     const Tensor xf = to_f32(x), rf = to_f32(router);
@@ -599,7 +606,8 @@ TEST(RouteAndGroup, MatchesHostRouting) {
           poisoned(DType::kI32, {T * K})};
       const cuda::RouteArgs r{.x = d_x.raw(), .router = d_router.raw(), .logits = o.logits.data<float>(),
                               .topk_ids = o.ids.data<int32_t>(), .topk_weights = o.weights.data<float>(),
-                              .tokens = T, .hidden = H, .experts = E, .top_k = K, .norm = c.norm, .softcap = c.softcap};
+                              .tokens = T, .hidden = H, .experts = E, .top_k = K, .norm = c.norm, .softcap = c.softcap,
+                              .blas = c.tensor_logits ? blas : nullptr};
       const cuda::GroupArgs g{.topk_ids = o.ids.data<int32_t>(), .expert_offsets = o.offsets.data<int32_t>(),
                               .active_experts = o.active.data<int32_t>(), .sorted_tokens = o.sorted.data<int32_t>(),
                               .row_pos = o.pos.data<int32_t>(), .tokens = T, .experts = E, .top_k = K,
@@ -679,10 +687,11 @@ TEST(RouteAndGroup, MatchesHostRouting) {
       EXPECT_EQ(plain.pos.data<int32_t>()[i], pos) << "pair " << i;
       EXPECT_EQ(plain.sorted.data<int32_t>()[pos], i / K) << "pair " << i;
     }
-    std::cout << "route E=" << E << " H=" << H << " T=" << T << " top-k=" << K << ": " << ties
-              << " near-tied tokens skipped\n";
+    std::cout << "route E=" << E << " H=" << H << " T=" << T << " top-k=" << K
+              << (c.tensor_logits ? " (cuBLAS logits)" : "") << ": " << ties << " near-tied tokens skipped\n";
     EXPECT_LE(ties, T / 10 + 1);
   }
+  cublasDestroy(blas);
 }
 
 // quantize_rows_fp8 against the CPU twin's definition (quantize_fp8_row): each row's codes and scale
