@@ -80,8 +80,8 @@ enum LeaveOut : int { kNothing = 0, kMath = 1, kActivations = 2, kWeights = 4 };
 #endif
 // Timing probes of the wgmma consumers (NIBBLE_MOE_PROBE; wrong results): no tensor-core
 // instructions (the operands folded into the sums instead; 16-row tiles), constant A operands (no
-// weight loads or nibble masks; 16- and 128-row tiles), or A from shared memory (the stage's
-// activations as both operands, no weight loads; 128-row tiles).
+// weight loads or nibble masks; 16-, 64- and 128-row tiles), or A from shared memory (the stage's
+// activations as both operands, no weight loads; INT4 64-row one-group tiles and 128-row tiles).
 enum Probe : int { kNoProbe = 0, kProbeNoTensor = 2, kProbeNoOperands = 3, kProbeSmemA = 4 };
 // Consumer warpgroups a wgmma block (64 output channels each, sharing the stage's activations): two
 // for 16-row tiles of wide projections (N >= kTwoGroupsMinN), else one; NIBBLE_MOE_CONSUMER_GROUPS
@@ -789,7 +789,7 @@ auto* kernel_for() {
       default: break;
     }
   }
-  if constexpr (kTokenTiles == 16) {
+  if constexpr (kTokenTiles == 16 || (kTokenTiles == 8 && !kFp8 && kGroups == 1 && !kMma)) {
     switch (probe) {
       case kProbeNoOperands: return moe_gemm_w4a8_kernel<kTokenTiles, kFp8, kGroups, kMma, kProbeNoOperands>;
       case kProbeSmemA: return moe_gemm_w4a8_kernel<kTokenTiles, kFp8, kGroups, kMma, kProbeSmemA>;
