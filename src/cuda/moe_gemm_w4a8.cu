@@ -133,6 +133,13 @@ constexpr int kMmaMaxTokenTiles = 0;
 #ifndef NIBBLE_MOE_NARROW_64
 #define NIBBLE_MOE_NARROW_64 1
 #endif
+// The INT4 64-row tiles' A fragments all made before their chain (an experiment:
+// -DNIBBLE_MOE_FENCE_A_64=1): ptxas then issues the chain's wgmmas after one warpgroup arrive rather
+// than an arrive and a scoreboard each (C7519: nvcc sinks the nibble masks between them). Measured on
+// the 128-row tiles (twenty-third session), slower there.
+#ifndef NIBBLE_MOE_FENCE_A_64
+#define NIBBLE_MOE_FENCE_A_64 0
+#endif
 #ifndef NIBBLE_MOE_JOINED_SUMS
 #define NIBBLE_MOE_JOINED_SUMS 0
 #endif
@@ -560,6 +567,15 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
         a[b][1][0] = w.z & m, a[b][1][1] = (w.z >> 4) & m;
         a[b][1][2] = w.w & m, a[b][1][3] = (w.w >> 4) & m;
       }
+    }
+    if constexpr (NIBBLE_MOE_FENCE_A_64 && kRows == 64 && !kFp8 && kProbe == kNoProbe) {
+      // Every A fragment in registers before the chain (an experiment, below).
+#pragma unroll
+      for (int b = 0; b < kBlocksPerStage; ++b)
+#pragma unroll
+        for (int s = 0; s < 2; ++s)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(a[b][s][i])::"memory");
     }
     // The activations' descriptors: slot 0's address field moved to this slot, K block and K step
     // (addresses stay below 2^18, so the 14-bit field takes the sum without a carry); the upper word
