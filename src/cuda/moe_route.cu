@@ -5,6 +5,7 @@
 
 #include <cfloat>
 #include <cstdlib>
+#include <string>
 #include <string_view>
 
 #include "cuda/cuda_check.h"
@@ -288,6 +289,10 @@ struct RouteGroupArgs {
   RouteArgs route;
   GroupArgs group;
   QuantizeRowsArgs quantize;  // route_topk_group_kernel: quantize.codes null, or each block quantizes its token
+  // route_topk_group_kernel's timing probes (NIBBLE_ROUTE_PROBE; wrong results): 1 returns after the
+  // dependency wait (the launch alone), 2 after the logits, 3 after the top-k (no grouping), 4 skips
+  // the logits (the counting, top-k and grouping alone).
+  int probe = 0;
 };
 
 __global__ void __launch_bounds__(kRouteThreads) route_group_kernel(const __grid_constant__ RouteGroupArgs a) {
@@ -345,9 +350,11 @@ __global__ void __launch_bounds__(kLogitWarps * 32) route_topk_group_kernel(cons
   prefetch_block_router_rows<kExp>(p);
   ptx::grid_dependency_wait();
   ptx::launch_dependents();
+  if (a.probe == 1) return;
   const int64_t t0 = int64_t{blockIdx.x} * kTok;
   const int warp = static_cast<int>(threadIdx.x / 32), lane = static_cast<int>(threadIdx.x % 32);
-  tile_logits<kTok, kExp>(p, t0, blockIdx.y * kBlockExperts<kExp> + warp, lane);
+  if (a.probe != 4) tile_logits<kTok, kExp>(p, t0, blockIdx.y * kBlockExperts<kExp> + warp, lane);
+  if (a.probe == 2) return;
   const QuantizeRowsArgs& q = a.quantize;
   for (int64_t i = blockIdx.y; q.codes != nullptr && i < kTok && t0 + i < p.tokens; i += gridDim.y) {
     const int64_t t = t0 + i;  // the whole block: token t's row to FP8
@@ -367,6 +374,7 @@ __global__ void __launch_bounds__(kLogitWarps * 32) route_topk_group_kernel(cons
   }
   __syncthreads();  // the tile's logits written (global memory, read back through L2)
   if (warp < kTok && t0 + warp < p.tokens) topk_token(p, t0 + warp, lane);
+  if (a.probe == 3) return;
   if (gridDim.x > 1) {  // the last tile to finish groups (a lone tile is the last)
     __threadfence();      // this block's top-k visible to the grid before it counts itself done
     __syncthreads();
@@ -422,6 +430,15 @@ bool quantize_in_route() {
   return fused;
 }
 
+// NIBBLE_ROUTE_PROBE (RouteGroupArgs::probe): 0 (unset) or a timing probe, 1 to 4.
+int route_probe() {
+  static const int probe = [] {
+    const std::string v = env_choice("NIBBLE_ROUTE_PROBE", {"0", "1", "2", "3", "4"});
+    return v.empty() ? 0 : v[0] - '0';
+  }();
+  return probe;
+}
+
 }  // namespace
 
 bool route_and_group(const RouteArgs& route, const GroupArgs& group, cudaStream_t stream,
@@ -460,7 +477,8 @@ bool route_and_group(const RouteArgs& route, const GroupArgs& group, cudaStream_
     check(grid.y == 1 || grid.x <= kRouteTileCounters, "route_and_group: ", grid.x, " token tiles");
     launch_kernel(counted_kernel_for(tile), grid, kLogitWarps * 32, 0, stream,
                   RouteGroupArgs{.route = route, .group = group,
-                                 .quantize = quantize != nullptr ? *quantize : QuantizeRowsArgs{}});
+                                 .quantize = quantize != nullptr ? *quantize : QuantizeRowsArgs{},
+                                 .probe = route_probe()});
     return quantize != nullptr;
   }
   launch_kernel_with({cluster_shape(kRouteCluster)}, route_group_kernel, kRouteCluster, kRouteThreads, 0, stream,
