@@ -206,9 +206,45 @@ constexpr int kGroupThreads = 1024;
 // cross-rank amax of the activation quantization (indexed by row, moe_quantize.h) needs. Pairs go in
 // chunks of a thread each: a pair's row is its expert's cursor, plus the same expert's pairs in the
 // warps before (warp_counts), plus those in its own warp's lanes before (a match).
+// Up to 32 pairs (decode's few tokens) grouped with no shared memory and no block barrier, the rows of
+// group_pairs: every warp holds the pairs' experts a lane each (kNone past the last), every thread
+// writes the offsets of experts threadIdx.x, threadIdx.x + blockDim.x, ... (the pairs of lower
+// experts), and warp 0 each pair's row (the pairs of lower experts, then those of its expert before it)
+// and the active list (an expert's first pair writes it at the count of lower experts' first pairs).
+constexpr int64_t kMaxWarpGroupedPairs = 32;
+__device__ void group_few_pairs(const GroupArgs& p) {
+  constexpr int kNone = INT32_MAX;
+  const int pairs = static_cast<int>(p.tokens * p.top_k), lane = static_cast<int>(threadIdx.x % 32);
+  const int mine = lane < pairs ? __ldcg(p.topk_ids + lane) : kNone;  // through L2, as group_pairs
+  const unsigned lanes_before = (1u << lane) - 1u;
+  const unsigned same = __match_any_sync(0xFFFFFFFFu, mine);
+  const bool first = (same & lanes_before) == 0 && mine != kNone;
+  const unsigned firsts = __ballot_sync(0xFFFFFFFFu, first);
+  for (int64_t e0 = threadIdx.x - lane; e0 <= p.experts; e0 += blockDim.x) {  // whole warps: the shuffles
+    const int64_t e = e0 + lane;
+    int below = 0, row = 0, slot = 0;
+    for (int j = 0; j < pairs; ++j) {
+      const int other = __shfl_sync(0xFFFFFFFFu, mine, j);
+      below += other < e;
+      row += other < mine || (other == mine && j < lane);
+      slot += other < mine && ((firsts >> j) & 1u) != 0;
+    }
+    if (e <= p.experts) p.expert_offsets[e] = below;  // [E]: every pair
+    if (e0 == 0 && mine != kNone) {  // warp 0
+      p.row_pos[lane] = row;
+      p.sorted_tokens[row] = static_cast<int32_t>(lane / p.top_k);
+      if (first) p.active_experts[slot] = mine;
+      if (lane == 0) p.active_experts[p.experts] = __popc(firsts);
+    }
+  }
+}
+
 // counts, cursor: kMaxExperts ints of shared memory each; warp_counts: (warps, kMaxExperts) bytes.
-__device__ void group_pairs(const GroupArgs& p, int* counts, int* cursor, uint8_t* warp_counts) {
+// few_by_warp false: the block's way for any count (a timing probe).
+__device__ void group_pairs(const GroupArgs& p, int* counts, int* cursor, uint8_t* warp_counts,
+                            bool few_by_warp = true) {
   const int64_t pairs = p.tokens * p.top_k;
+  if (few_by_warp && pairs <= kMaxWarpGroupedPairs) return group_few_pairs(p);
   const int warp = static_cast<int>(threadIdx.x / 32), warps = static_cast<int>(blockDim.x / 32);
   const int lane = static_cast<int>(threadIdx.x % 32);
   const unsigned lanes_before = (1u << lane) - 1u;
@@ -291,7 +327,8 @@ struct RouteGroupArgs {
   QuantizeRowsArgs quantize;  // route_topk_group_kernel: quantize.codes null, or each block quantizes its token
   // route_topk_group_kernel's timing probes (NIBBLE_ROUTE_PROBE; wrong results): 1 returns after the
   // dependency wait (the launch alone), 2 after the logits, 3 after the top-k (no grouping), 4 skips
-  // the logits (the counting, top-k and grouping alone).
+  // the logits (the counting, top-k and grouping alone), 5 groups up to 32 pairs the block's way too
+  // (group_pairs, few_by_warp).
   int probe = 0;
 };
 
@@ -385,7 +422,7 @@ __global__ void __launch_bounds__(kLogitWarps * 32) route_topk_group_kernel(cons
     if (threadIdx.x == 0) *done = 0;
   }
   __syncthreads();  // the top-k ids written (global memory, read back by this block)
-  group_pairs(a.group, counts, cursor, warp_counts);
+  group_pairs(a.group, counts, cursor, warp_counts, a.probe != 5);
 }
 
 // The instantiations for a tile (kTok 1 or 8, kExp 1 or 4).
@@ -430,10 +467,10 @@ bool quantize_in_route() {
   return fused;
 }
 
-// NIBBLE_ROUTE_PROBE (RouteGroupArgs::probe): 0 (unset) or a timing probe, 1 to 4.
+// NIBBLE_ROUTE_PROBE (RouteGroupArgs::probe): 0 (unset) or a timing probe, 1 to 5.
 int route_probe() {
   static const int probe = [] {
-    const std::string v = env_choice("NIBBLE_ROUTE_PROBE", {"0", "1", "2", "3", "4"});
+    const std::string v = env_choice("NIBBLE_ROUTE_PROBE", {"0", "1", "2", "3", "4", "5"});
     return v.empty() ? 0 : v[0] - '0';
   }();
   return probe;
