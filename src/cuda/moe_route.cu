@@ -106,15 +106,15 @@ __device__ inline void tile_logits(const RouteArgs& p, int64_t t0, int64_t e0, i
     }
 }
 
-// The experts a block's logits cover: kLogitWarps warps of kExp each.
-template <int kExp>
-constexpr int64_t kBlockExperts = int64_t{kLogitWarps} * kExp;
+// The experts a block's logits cover: kWarps warps (kLogitWarps unless told) of kExp each.
+template <int kExp, int kWarps = kLogitWarps>
+constexpr int64_t kBlockExperts = int64_t{kWarps} * kExp;
 
 // Before the grid dependency wait, the first block of each expert column asks L2 for its router rows.
-template <int kExp>
+template <int kExp, int kWarps = kLogitWarps>
 __device__ inline void prefetch_block_router_rows(const RouteArgs& p) {
-  const int64_t e = blockIdx.y * kBlockExperts<kExp> + threadIdx.x;
-  if (blockIdx.x == 0 && threadIdx.x < kBlockExperts<kExp> && e < p.experts)
+  const int64_t e = blockIdx.y * kBlockExperts<kExp, kWarps> + threadIdx.x;
+  if (blockIdx.x == 0 && threadIdx.x < kBlockExperts<kExp, kWarps> && e < p.experts)
     ptx::prefetch_l2_bulk(row_units(p.router, e, p.hidden), static_cast<uint32_t>(p.hidden * 2));
 }
 
@@ -132,8 +132,9 @@ __global__ void __launch_bounds__(kLogitWarps * 32) router_logits_kernel(const _
 // Logit tiles by size: from 16 tokens, 8 tokens and (from 32 experts) 4 experts a warp, so that a
 // tile's pairs share its loads; fewer tokens one pair a warp, spread over the most blocks (DeepSeek-V3's
 // one token: 32 blocks; with 4 experts a warp its routing took 20.7 µs a call, twenty-fifth session).
+// `warps`: a block's (kLogitWarps, or 2 for the counted kernel's single pairs under NIBBLE_ROUTE_SPREAD=1).
 struct LogitTile {
-  int tokens, experts;
+  int tokens, experts, warps = kLogitWarps;
 };
 LogitTile logit_tile(int64_t tokens, int64_t experts) {
   return tokens >= 16 ? LogitTile{8, experts >= 32 ? 4 : 1} : LogitTile{1, 1};
@@ -376,21 +377,22 @@ __global__ void __launch_bounds__(kRouteThreads) route_group_kernel(const __grid
 // DeepSeek-V3's one token (256 experts) 5.4 + 8.4 + 17.3 µs exposed in the layer (twenty-fifth session).
 constexpr int64_t kMaxCountedTokens = 1024;
 
-template <int kTok, int kExp>
-__global__ void __launch_bounds__(kLogitWarps * 32) route_topk_group_kernel(const __grid_constant__ RouteGroupArgs a) {
+template <int kTok, int kExp, int kWarps = kLogitWarps>
+__global__ void __launch_bounds__(kWarps * 32) route_topk_group_kernel(const __grid_constant__ RouteGroupArgs a) {
+  static_assert(kExp == 1 || kWarps == kLogitWarps, "tile_logits strides a warp's experts by kLogitWarps");
   __shared__ int counts[kMaxExperts];
   __shared__ int cursor[kMaxExperts];
-  __shared__ uint8_t warp_counts[kLogitWarps * kMaxExperts];
+  __shared__ uint8_t warp_counts[kWarps * kMaxExperts];
   __shared__ bool last;
-  __shared__ float warp_amax[kLogitWarps];
+  __shared__ float warp_amax[kWarps];
   const RouteArgs& p = a.route;
-  prefetch_block_router_rows<kExp>(p);
+  prefetch_block_router_rows<kExp, kWarps>(p);
   ptx::grid_dependency_wait();
   ptx::launch_dependents();
   if (a.probe == 1) return;
   const int64_t t0 = int64_t{blockIdx.x} * kTok;
   const int warp = static_cast<int>(threadIdx.x / 32), lane = static_cast<int>(threadIdx.x % 32);
-  if (a.probe != 4) tile_logits<kTok, kExp>(p, t0, blockIdx.y * kBlockExperts<kExp> + warp, lane);
+  if (a.probe != 4) tile_logits<kTok, kExp>(p, t0, blockIdx.y * kBlockExperts<kExp, kWarps> + warp, lane);
   if (a.probe == 2) return;
   const QuantizeRowsArgs& q = a.quantize;
   for (int64_t i = blockIdx.y; q.codes != nullptr && i < kTok && t0 + i < p.tokens; i += gridDim.y) {
@@ -431,6 +433,7 @@ auto* logits_kernel_for(LogitTile tile) {
   return tile.experts == 4 ? router_logits_kernel<1, 4> : router_logits_kernel<1, 1>;
 }
 auto* counted_kernel_for(LogitTile tile) {
+  if (tile.warps == 2) return route_topk_group_kernel<1, 1, 2>;
   if (tile.tokens == 8) return tile.experts == 4 ? route_topk_group_kernel<8, 4> : route_topk_group_kernel<8, 1>;
   return tile.experts == 4 ? route_topk_group_kernel<1, 4> : route_topk_group_kernel<1, 1>;
 }
@@ -438,13 +441,23 @@ auto* counted_kernel_for(LogitTile tile) {
 // The tile's grid over T tokens and E experts.
 dim3 tile_grid(LogitTile tile, int64_t tokens, int64_t experts) {
   return {static_cast<unsigned>((tokens + tile.tokens - 1) / tile.tokens),
-          static_cast<unsigned>((experts + kLogitWarps * tile.experts - 1) / (kLogitWarps * tile.experts))};
+          static_cast<unsigned>((experts + tile.warps * tile.experts - 1) / (tile.warps * tile.experts))};
+}
+
+// NIBBLE_ROUTE_SPREAD=1: the counted kernel's single pairs (fewer than 16 tokens of more than 8
+// experts) in blocks of 2 warps, over 4 times the SMs (DeepSeek-V3's one token: 128 blocks, each
+// reading 28 KB of router rows rather than 112).
+bool spread_single_pairs() {
+  static const bool on = env_switch("NIBBLE_ROUTE_SPREAD");
+  return on;
 }
 
 // The counted kernel's tile: one block a token and one column for up to 8 experts (each block also
 // quantizes its token); for more, the logits' tile.
 LogitTile counted_tile(int64_t tokens, int64_t experts) {
-  return experts <= kLogitWarps ? LogitTile{1, 1} : logit_tile(tokens, experts);
+  if (experts <= kLogitWarps) return LogitTile{1, 1};
+  const LogitTile tile = logit_tile(tokens, experts);
+  return tile.tokens == 1 && spread_single_pairs() ? LogitTile{1, 1, 2} : tile;
 }
 
 // Few (token, expert) pairs (at most 32) can take either one-launch kernel; NIBBLE_ROUTE=cluster or
@@ -512,7 +525,7 @@ bool route_and_group(const RouteArgs& route, const GroupArgs& group, cudaStream_
     const LogitTile tile = counted_tile(route.tokens, route.experts);
     const dim3 grid = tile_grid(tile, route.tokens, route.experts);
     check(grid.y == 1 || grid.x <= kRouteTileCounters, "route_and_group: ", grid.x, " token tiles");
-    launch_kernel(counted_kernel_for(tile), grid, kLogitWarps * 32, 0, stream,
+    launch_kernel(counted_kernel_for(tile), grid, tile.warps * 32, 0, stream,
                   RouteGroupArgs{.route = route, .group = group,
                                  .quantize = quantize != nullptr ? *quantize : QuantizeRowsArgs{},
                                  .probe = route_probe()});
