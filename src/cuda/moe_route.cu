@@ -132,7 +132,7 @@ __global__ void __launch_bounds__(kLogitWarps * 32) router_logits_kernel(const _
 // Logit tiles by size: from 16 tokens, 8 tokens and (from 32 experts) 4 experts a warp, so that a
 // tile's pairs share its loads; fewer tokens one pair a warp, spread over the most blocks (DeepSeek-V3's
 // one token: 32 blocks; with 4 experts a warp its routing took 20.7 µs a call, twenty-fifth session).
-// `warps`: a block's (kLogitWarps, or 2 for the counted kernel's single pairs under NIBBLE_ROUTE_SPREAD=1).
+// `warps`: a block's (kLogitWarps, or 2 for the counted kernel's single pairs: spread_single_pairs).
 struct LogitTile {
   int tokens, experts, warps = kLogitWarps;
 };
@@ -444,11 +444,13 @@ dim3 tile_grid(LogitTile tile, int64_t tokens, int64_t experts) {
           static_cast<unsigned>((experts + tile.warps * tile.experts - 1) / (tile.warps * tile.experts))};
 }
 
-// NIBBLE_ROUTE_SPREAD=1: the counted kernel's single pairs (fewer than 16 tokens of more than 8
-// experts) in blocks of 2 warps, over 4 times the SMs (DeepSeek-V3's one token: 128 blocks, each
-// reading 28 KB of router rows rather than 112).
+// The counted kernel's single pairs (fewer than 16 tokens of more than 8 experts) in blocks of 2 warps,
+// over 4 times the SMs (DeepSeek-V3's one token: 128 blocks, each reading 28 KB of router rows rather
+// than 112); NIBBLE_ROUTE_SPREAD=0: blocks of kLogitWarps. Measured on an H100 (bench/RESULTS.md,
+// thirty-fourth session, the layer graph-replayed): DeepSeek-V3 one token 97.3-97.8 µs against
+// 98.9-99.1, 8 tokens 429.3-430.5 against 431.8-432.8.
 bool spread_single_pairs() {
-  static const bool on = env_switch("NIBBLE_ROUTE_SPREAD");
+  static const bool on = env_choice("NIBBLE_ROUTE_SPREAD", {"0", "1"}) != "0";
   return on;
 }
 
