@@ -133,13 +133,6 @@ constexpr int kMmaMaxTokenTiles = 0;
 #ifndef NIBBLE_MOE_NARROW_64
 #define NIBBLE_MOE_NARROW_64 1
 #endif
-// The INT4 64-row tiles' A fragments all made before their chain (an experiment:
-// -DNIBBLE_MOE_FENCE_A_64=1): ptxas then issues the chain's wgmmas after one warpgroup arrive rather
-// than an arrive and a scoreboard each (C7519: nvcc sinks the nibble masks between them). Measured on
-// the 128-row tiles (twenty-third session), slower there.
-#ifndef NIBBLE_MOE_FENCE_A_64
-#define NIBBLE_MOE_FENCE_A_64 0
-#endif
 #ifndef NIBBLE_MOE_JOINED_SUMS
 #define NIBBLE_MOE_JOINED_SUMS 0
 #endif
@@ -568,15 +561,6 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
         a[b][1][2] = w.w & m, a[b][1][3] = (w.w >> 4) & m;
       }
     }
-    if constexpr (NIBBLE_MOE_FENCE_A_64 && kRows == 64 && !kFp8 && kProbe == kNoProbe) {
-      // Every A fragment in registers before the chain (an experiment, below).
-#pragma unroll
-      for (int b = 0; b < kBlocksPerStage; ++b)
-#pragma unroll
-        for (int s = 0; s < 2; ++s)
-#pragma unroll
-          for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(a[b][s][i])::"memory");
-    }
     // The activations' descriptors: slot 0's address field moved to this slot, K block and K step
     // (addresses stay below 2^18, so the 14-bit field takes the sum without a carry); the upper word
     // is constant.
@@ -605,7 +589,8 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
       // register, as CUTLASS's warpgroup_fence_operand) gave one arrive and eight QGMMA back to back, and
       // was slower: Mixtral 1024 tokens 1435.6 µs against 1378.7, Grok-1 tp 2 2284.7 against 2175.3
       // (bench/RESULTS.md, twenty-third session). So was A from shared memory with no weight loads at all
-      // (NIBBLE_MOE_PROBE=4: 1369.9).
+      // (NIBBLE_MOE_PROBE=4: 1369.9). On the INT4 64-row tiles the same fence (thirty-fourth session, an
+      // H100) changed nothing: Mixtral and Grok-1 128 tokens, Mixtral 256, DeepSeek-V3 1024.
       auto chain = [&](auto width) {
         constexpr int kN = decltype(width)::value;
         float(&dn)[kN / 2] = *reinterpret_cast<float(*)[kN / 2]>(&d[0]);
