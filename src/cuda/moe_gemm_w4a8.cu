@@ -136,15 +136,10 @@ constexpr int kMmaMaxTokenTiles = 0;
 #ifndef NIBBLE_MOE_JOINED_SUMS
 #define NIBBLE_MOE_JOINED_SUMS 0
 #endif
-// The INT4 wgmma tiles' look-ahead (below, kLookAhead); an experiment builds it for 64-row tiles with
-// -DNIBBLE_MOE_LOOK_AHEAD_64=1 (and -DNIBBLE_MOE_EARLY_SUMS_64=0: both do not fit their 168 registers),
-// for 128-row tiles with -DNIBBLE_MOE_LOOK_AHEAD_128=1. Tiles of up to 32 rows would spill at their
-// 96 registers.
+// The INT4 64-row tiles' look-ahead (below, kLookAhead); an experiment builds it with
+// -DNIBBLE_MOE_LOOK_AHEAD_64=1 (and -DNIBBLE_MOE_EARLY_SUMS_64=0: both do not fit the registers).
 #ifndef NIBBLE_MOE_LOOK_AHEAD_64
 #define NIBBLE_MOE_LOOK_AHEAD_64 0
-#endif
-#ifndef NIBBLE_MOE_LOOK_AHEAD_128
-#define NIBBLE_MOE_LOOK_AHEAD_128 0
 #endif
 #ifndef NIBBLE_MOE_TURNS
 #define NIBBLE_MOE_TURNS 1
@@ -482,12 +477,12 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
   const uint32_t empty0 = __shfl_sync(0xFFFFFFFFu, ptx::smem_address(&sm.empty[0]), 0);
   int slot = kStages - 1;
   uint32_t parity = 1;
-  // Look-ahead (NIBBLE_MOE_LOOK_AHEAD_64 and _128, INT4 wgmma tiles; an experiment): while a stage's chain runs
+  // Look-ahead (NIBBLE_MOE_LOOK_AHEAD_64, INT4 64-row tiles; an experiment): while a stage's chain runs
   // on the tensor cores, the warps wait for the next stage's slot and load its weights into registers
   // (masked into A fragments as that stage starts), so that the slot wait and the shared-memory loads
   // no longer sit between two chains.
-  constexpr bool kLookAhead = ((NIBBLE_MOE_LOOK_AHEAD_64 && kRows == 64) || (NIBBLE_MOE_LOOK_AHEAD_128 && kRows == 128)) &&
-                              !kFp8 && !kMma && kProbe == kNoProbe && !kJoinedSums && !NIBBLE_MOE_LEAVE_OUT_MATH;
+  constexpr bool kLookAhead = NIBBLE_MOE_LOOK_AHEAD_64 && kRows == 64 && !kFp8 && !kMma && kProbe == kNoProbe &&
+                              !kJoinedSums && !NIBBLE_MOE_LEAVE_OUT_MATH;
   [[maybe_unused]] uint4 ahead_w[kLookAhead ? kBlocksPerStage : 1];
   if constexpr (kLookAhead) {
     if (walk.valid(compute)) {
