@@ -136,11 +136,6 @@ constexpr int kMmaMaxTokenTiles = 0;
 #ifndef NIBBLE_MOE_JOINED_SUMS
 #define NIBBLE_MOE_JOINED_SUMS 0
 #endif
-// The INT4 64-row tiles' look-ahead (below, kLookAhead); an experiment builds it with
-// -DNIBBLE_MOE_LOOK_AHEAD_64=1 (and -DNIBBLE_MOE_EARLY_SUMS_64=0: both do not fit the registers).
-#ifndef NIBBLE_MOE_LOOK_AHEAD_64
-#define NIBBLE_MOE_LOOK_AHEAD_64 0
-#endif
 #ifndef NIBBLE_MOE_TURNS
 #define NIBBLE_MOE_TURNS 1
 #endif
@@ -477,20 +472,6 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
   const uint32_t empty0 = __shfl_sync(0xFFFFFFFFu, ptx::smem_address(&sm.empty[0]), 0);
   int slot = kStages - 1;
   uint32_t parity = 1;
-  // Look-ahead (NIBBLE_MOE_LOOK_AHEAD_64, INT4 64-row tiles; an experiment): while a stage's chain runs
-  // on the tensor cores, the warps wait for the next stage's slot and load its weights into registers
-  // (masked into A fragments as that stage starts), so that the slot wait and the shared-memory loads
-  // no longer sit between two chains.
-  constexpr bool kLookAhead = NIBBLE_MOE_LOOK_AHEAD_64 && kRows == 64 && !kFp8 && !kMma && kProbe == kNoProbe &&
-                              !kJoinedSums && !NIBBLE_MOE_LEAVE_OUT_MATH;
-  [[maybe_unused]] uint4 ahead_w[kLookAhead ? kBlocksPerStage : 1];
-  if constexpr (kLookAhead) {
-    if (walk.valid(compute)) {
-      ptx::mbarrier_wait_at(full0, 0);
-#pragma unroll
-      for (int b = 0; b < kBlocksPerStage; ++b) ahead_w[b] = sm.weights[0][warp][b][lane];
-    }
-  }
   while (walk.valid(compute)) {
     if (++slot == kStages) slot = 0, parity ^= 1;
     auto wait_full = [&] { ptx::mbarrier_wait_at(full0 + 8 * slot, parity); };
@@ -507,7 +488,7 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
         early_scale = act_row >= 0 ? __ldg(p.act_scale + act_row) : 0.0f;
       }
     }
-    if constexpr (!kLookAhead) wait_full();
+    wait_full();
 
     const int first = compute.kb_begin + compute.stage * kBlocksPerStage;
     const int nkb = min(kBlocksPerStage, compute.kb_begin + compute.kb_count - first);
@@ -573,11 +554,7 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
       } else {
         // Each nibble u becomes the FP8 byte u, worth u · 2^-9: low nibbles are rows g, high g + 8.
         const uint32_t m = 0x0F0F0F0Fu & live;
-        uint4 w;
-        if constexpr (kLookAhead)
-          w = ahead_w[b];
-        else
-          w = kProbe == kProbeNoOperands ? make_uint4(lane, b, 0, 0) : sm.weights[slot][warp][b][lane];
+        const uint4 w = kProbe == kProbeNoOperands ? make_uint4(lane, b, 0, 0) : sm.weights[slot][warp][b][lane];
         a[b][0][0] = w.x & m, a[b][0][1] = (w.x >> 4) & m;
         a[b][0][2] = w.y & m, a[b][0][3] = (w.y >> 4) & m;
         a[b][1][0] = w.z & m, a[b][1][1] = (w.z >> 4) & m;
@@ -633,15 +610,6 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
         }
         wgmma::commit();
         if constexpr (turns) ptx::named_barrier_arrive(2 + (group_in_block ^ 1), kConsumers);
-        if constexpr (kLookAhead) {  // the next stage's weights, if the walk has one, while the chain runs
-          if (compute.stage + 1 < compute.stages || compute.chunk + 1 < compute.chunks ||
-              compute.unit + static_cast<int>(gridDim.x) < walk.units) {
-            const int next = slot + 1 == kStages ? 0 : slot + 1;
-            ptx::mbarrier_wait_at(full0 + 8 * next, next == 0 ? parity ^ 1 : parity);
-#pragma unroll
-            for (int b = 0; b < kBlocksPerStage; ++b) ahead_w[b] = sm.weights[next][warp][b][lane];
-          }
-        }
         wgmma::wait<0>();
         if constexpr (!kJoinedSums) {
 #pragma unroll
