@@ -7,7 +7,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
-#include <string>
 #include <string_view>
 
 #include "cuda/activation.cuh"
@@ -106,21 +105,16 @@ __global__ void __launch_bounds__(kQuantMaxThreads, 1) wide_quantize_rows_kernel
   quantize_row<kQuantMaxUnits>(p, warp_amax);
 }
 
-// Where QuantizeRowsArgs::split_copies is -1: NIBBLE_QUANTIZE_COPIES = auto (the default), one or
-// split. Auto splits the copies of up to kSplitCopiesMaxRows rows, where the grid of one block a row
-// leaves most SMs idle. Measured on an H100 (bench/RESULTS.md, thirty-sixth session, the layer
-// graph-replayed, µs, two rounds, one / split): DeepSeek-V3 one token (eight copies) 100.6, 100.5 /
-// 99.4, 99.2; Mixtral one token (two) 82.0, 82.4 / 82.4, 82.1.
-constexpr int64_t kSplitCopiesMaxRows = 16;
-bool split_copies_by_default(int64_t rows) {
-  static const std::string setting = env_choice("NIBBLE_QUANTIZE_COPIES", {"auto", "one", "split"});
-  return setting == "split" || (setting == "auto" && rows <= kSplitCopiesMaxRows);
+// QuantizeRowsArgs::split_copies where -1 (an experiment).
+bool split_copies_setting() {
+  static const bool split = env_choice("NIBBLE_QUANTIZE_COPIES", {"one", "split"}) == "split";
+  return split;
 }
 
 // The grid: a block a row, times top_k where the copies are split.
 dim3 quantize_grid(const QuantizeRowsArgs& p) {
   const bool split = p.sorted_codes != nullptr && p.top_k > 1 && p.amax_out == nullptr &&
-                     (p.split_copies < 0 ? split_copies_by_default(p.rows) : p.split_copies == 1);
+                     (p.split_copies < 0 ? split_copies_setting() : p.split_copies == 1);
   return {static_cast<unsigned>(p.rows), static_cast<unsigned>(split ? p.top_k : 1)};
 }
 
