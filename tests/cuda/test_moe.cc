@@ -697,41 +697,29 @@ TEST(RouteAndGroup, MatchesHostRouting) {
 // quantize_rows_fp8 against the CPU twin's definition (quantize_fp8_row): each row's codes and scale
 // bit for bit, and each 64-block's sum of the codes' values; dynamic and static scales, a gather with
 // a padding row (zero codes, scale and sums), rows of 1 to 8 units a thread and, past 16384 columns,
-// the wide kernel (up to 512 threads); outputs poisoned, every element checked. Also the routed copies
-// (QuantizeRowsArgs::sorted_codes) of top-k 2 by each row's block and of top-k 8 by a block a copy:
-// every row's codes at its rows of row_pos (a permutation, every sorted row written once), byte for byte.
+// the wide kernel (up to 512 threads); outputs poisoned, every element checked.
 TEST(QuantizeRows, MatchesCpuTwin) {
   SKIP_WITHOUT_GPU();
-  enum Mode { kPlain, kGather, kCopies, kSplitCopies };
   for (const int64_t cols : {64, 1088, 4096, 14336, 16384, 18432, 32768})
-    for (const Mode mode : {kPlain, kGather, kCopies, kSplitCopies})
+    for (const bool gather : {false, true})
       for (const float static_scale : {0.0f, 0.004f}) {
-        const bool gather = mode == kGather;
         const int64_t src_rows = 3, R = gather ? 4 : src_rows;
-        const int64_t top_k = mode == kCopies ? 2 : mode == kSplitCopies ? 8 : 0;
-        const Tensor x = to_bf16(random_f32({src_rows, cols}, static_cast<uint32_t>(cols + mode), 2.0f));
+        const Tensor x = to_bf16(random_f32({src_rows, cols}, static_cast<uint32_t>(cols + gather), 2.0f));
         const std::vector<int32_t> src = gather ? std::vector<int32_t>{2, -1, 0, 2} : std::vector<int32_t>{0, 1, 2};
-        std::vector<int32_t> pos(std::max<int64_t>(1, R * top_k));
-        for (int64_t i = 0; i < R * top_k; ++i) pos[i] = static_cast<int32_t>((i * 5 + 3) % (R * top_k));
-        const Tensor d_x = cuda::upload(x), d_src = cuda::upload(i32_tensor(src)), d_pos = cuda::upload(i32_tensor(pos));
+        const Tensor d_x = cuda::upload(x), d_src = cuda::upload(i32_tensor(src));
         Tensor codes = poisoned(DType::kU8, {R, cols}), scale = poisoned(DType::kF32, {R}),
-               sums = poisoned(DType::kF32, {R, cols / 64}), sorted = poisoned(DType::kU8, {std::max<int64_t>(1, R * top_k), cols});
+               sums = poisoned(DType::kF32, {R, cols / 64});
         cuda::quantize_rows_fp8({.x = d_x.raw(), .codes = codes.data<uint8_t>(), .scale = scale.data<float>(),
                                  .sums = sums.data<float>(), .rows = R, .cols = cols, .static_scale = static_scale,
-                                 .src_row = gather ? d_src.data<int32_t>() : nullptr,
-                                 .sorted_codes = top_k > 0 ? sorted.data<uint8_t>() : nullptr,
-                                 .row_pos = top_k > 0 ? d_pos.data<int32_t>() : nullptr, .top_k = top_k,
-                                 .split_copies = mode == kSplitCopies ? 1 : 0},
+                                 .src_row = gather ? d_src.data<int32_t>() : nullptr},
                                 nullptr);
         const Tensor got_codes = cuda::download(codes), got_scale = cuda::download(scale),
-                     got_sums = cuda::download(sums), got_sorted = cuda::download(sorted);
+                     got_sums = cuda::download(sums);
         const Tensor xf = to_f32(x);
         std::vector<uint8_t> want(cols);
         for (int64_t r = 0; r < R; ++r) {
           const std::string where = "cols " + std::to_string(cols) + (gather ? " gathered" : "") +
-                                    (top_k > 0 ? " top-k " + std::to_string(top_k) : "") +
-                                    (mode == kSplitCopies ? " split" : "") + (static_scale > 0.0f ? " static" : "") +
-                                    " row " + std::to_string(r);
+                                    (static_scale > 0.0f ? " static" : "") + " row " + std::to_string(r);
           float want_scale = 0.0f;
           std::fill(want.begin(), want.end(), uint8_t{0});
           if (src[r] >= 0)
@@ -739,14 +727,48 @@ TEST(QuantizeRows, MatchesCpuTwin) {
                                           static_scale);
           EXPECT_EQ(got_scale.data<float>()[r], want_scale) << where;
           EXPECT_EQ(std::memcmp(got_codes.data<uint8_t>() + r * cols, want.data(), cols), 0) << where;
-          for (int64_t j = 0; j < top_k; ++j)
-            EXPECT_EQ(std::memcmp(got_sorted.data<uint8_t>() + pos[r * top_k + j] * cols, want.data(), cols), 0)
-                << where << " copy " << j;
           for (int64_t b = 0; b < cols / 64; ++b) {
             float sum = 0.0f;  // exact in fp32 in any order
             for (int64_t i = b * 64; i < b * 64 + 64; ++i) sum += fp8_e4m3_to_float(want[i]);
             EXPECT_EQ(got_sums.data<float>()[r * (cols / 64) + b], sum) << where << " block " << b;
           }
+        }
+      }
+}
+
+// quantize_rows_fp8's routed copies (QuantizeRowsArgs::sorted_codes): every row's codes also at its
+// top_k rows of row_pos (a permutation, every sorted row written once), stored by the row's block or
+// by top_k blocks a row; each copy byte for byte the row's own codes, which match the CPU twin, the
+// copies' buffer poisoned.
+TEST(QuantizeRows, RoutedCopies) {
+  SKIP_WITHOUT_GPU();
+  for (const int64_t cols : {4096, 7168, 18432})
+    for (const int64_t top_k : {2, 8})
+      for (const int split : {0, 1}) {
+        const int64_t R = 3;
+        const Tensor x = to_bf16(random_f32({R, cols}, static_cast<uint32_t>(cols + top_k), 2.0f));
+        std::vector<int32_t> pos(R * top_k);
+        for (int64_t i = 0; i < R * top_k; ++i) pos[i] = static_cast<int32_t>((i * 5 + 3) % (R * top_k));
+        const Tensor d_x = cuda::upload(x), d_pos = cuda::upload(i32_tensor(pos));
+        Tensor codes = poisoned(DType::kU8, {R, cols}), scale = poisoned(DType::kF32, {R}),
+               sums = poisoned(DType::kF32, {R, cols / 64}), sorted = poisoned(DType::kU8, {R * top_k, cols});
+        cuda::quantize_rows_fp8({.x = d_x.raw(), .codes = codes.data<uint8_t>(), .scale = scale.data<float>(),
+                                 .sums = sums.data<float>(), .rows = R, .cols = cols,
+                                 .sorted_codes = sorted.data<uint8_t>(), .row_pos = d_pos.data<int32_t>(),
+                                 .top_k = top_k, .split_copies = split},
+                                nullptr);
+        const Tensor got_codes = cuda::download(codes), got_sorted = cuda::download(sorted),
+                     got_scale = cuda::download(scale);
+        const Tensor xf = to_f32(x);
+        std::vector<uint8_t> want(cols);
+        for (int64_t r = 0; r < R; ++r) {
+          const std::string where = "cols " + std::to_string(cols) + " top-k " + std::to_string(top_k) +
+                                    (split ? " split" : " one block") + " row " + std::to_string(r);
+          EXPECT_EQ(got_scale.data<float>()[r], quantize_fp8_row({xf.data<float>() + r * cols, static_cast<size_t>(cols)}, want, 0.0f)) << where;
+          EXPECT_EQ(std::memcmp(got_codes.data<uint8_t>() + r * cols, want.data(), cols), 0) << where;
+          for (int64_t j = 0; j < top_k; ++j)
+            EXPECT_EQ(std::memcmp(got_sorted.data<uint8_t>() + pos[r * top_k + j] * cols, want.data(), cols), 0)
+                << where << " copy " << j;
         }
       }
 }
