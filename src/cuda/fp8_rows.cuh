@@ -72,7 +72,7 @@ struct CodeCopies {
 };
 
 // A row held in registers as units of 8 columns (thread i: units i, i + blockDim, ...) quantized with
-// `scale`: its FP8 codes (8 bytes a unit, unless `codes` is null; also to `copies`) and, when `sums` is given, the sums of
+// `scale`: its FP8 codes (8 bytes a unit; also to `copies`) and, when `sums` is given, the sums of
 // each 64-wide block's FP8 values (8 consecutive units: 8 consecutive lanes; exact in fp32 whatever
 // the order).
 template <int kUnits>
@@ -90,7 +90,7 @@ __device__ inline void store_units_fp8(const float (&v)[kUnits][8], int64_t unit
         packed[j / 4] |= uint32_t{q} << (8 * (j % 4));
         sum += __half2float(__half(__nv_cvt_fp8_to_halfraw(q, __NV_E4M3)));
       }
-      if (codes != nullptr) *reinterpret_cast<uint2*>(codes + unit * 8) = make_uint2(packed[0], packed[1]);
+      *reinterpret_cast<uint2*>(codes + unit * 8) = make_uint2(packed[0], packed[1]);
       for (int64_t j = 0; j < copies.count; ++j)
         *reinterpret_cast<uint2*>(copies.codes + copies.rows[j] * copies.cols + unit * 8) =
             make_uint2(packed[0], packed[1]);

@@ -83,14 +83,10 @@ __device__ void quantize_row(const QuantizeRowsArgs& p, float* warp_amax) {
   const float scale = p.amax_in != nullptr     ? fmaxf(p.amax_in[r], 1e-12f) / 448.0f
                       : p.static_scale > 0.0f ? p.static_scale
                                               : fmaxf(amax, 1e-12f) / 448.0f;
-  // With a grid of top_k columns (split_copies), block (r, j) stores only the row's copy j, and
-  // column 0 the row itself too.
-  const auto j = static_cast<int64_t>(blockIdx.y);
-  const bool split = gridDim.y > 1;
-  const CodeCopies copies{.codes = p.sorted_codes, .rows = p.row_pos + r * p.top_k + j,
-                          .count = p.sorted_codes == nullptr ? 0 : split ? 1 : p.top_k, .cols = p.cols};
-  store_units_fp8(v, units, scale, j == 0 ? codes : nullptr, j == 0 ? sums : nullptr, copies);
-  if (threadIdx.x == 0 && j == 0) p.scale[r] = scale;
+  const CodeCopies copies{.codes = p.sorted_codes, .rows = p.row_pos + r * p.top_k,
+                          .count = p.sorted_codes != nullptr ? p.top_k : 0, .cols = p.cols};
+  store_units_fp8(v, units, scale, codes, sums, copies);
+  if (threadIdx.x == 0) p.scale[r] = scale;
 }
 
 template <int kUnits>
@@ -105,22 +101,9 @@ __global__ void __launch_bounds__(kQuantMaxThreads, 1) wide_quantize_rows_kernel
   quantize_row<kQuantMaxUnits>(p, warp_amax);
 }
 
-// QuantizeRowsArgs::split_copies where -1 (an experiment).
-bool split_copies_setting() {
-  static const bool split = env_choice("NIBBLE_QUANTIZE_COPIES", {"one", "split"}) == "split";
-  return split;
-}
-
-// The grid: a block a row, times top_k where the copies are split.
-dim3 quantize_grid(const QuantizeRowsArgs& p) {
-  const bool split = p.sorted_codes != nullptr && p.top_k > 1 && p.amax_out == nullptr &&
-                     (p.split_copies < 0 ? split_copies_setting() : p.split_copies == 1);
-  return {static_cast<unsigned>(p.rows), static_cast<unsigned>(split ? p.top_k : 1)};
-}
-
 template <int kUnits>
 void launch_quantize_rows(const QuantizeRowsArgs& p, int threads, cudaStream_t stream) {
-  launch_kernel(quantize_rows_kernel<kUnits>, quantize_grid(p), threads, 0, stream, p);
+  launch_kernel(quantize_rows_kernel<kUnits>, static_cast<unsigned>(p.rows), threads, 0, stream, p);
 }
 
 // Activation rows split over a thread-block cluster: block q of a row's cluster takes the 64-wide
@@ -374,7 +357,7 @@ void quantize_rows_fp8(const QuantizeRowsArgs& p, cudaStream_t stream) {
   const int threads = static_cast<int>(std::min<int64_t>(kQuantThreads, (units + 31) / 32 * 32));
   if (units > int64_t{threads} * kQuantMaxUnits) {
     const int64_t wide = (units + kQuantMaxUnits - 1) / kQuantMaxUnits;  // threads at 8 units each
-    launch_kernel(wide_quantize_rows_kernel, quantize_grid(p),
+    launch_kernel(wide_quantize_rows_kernel, static_cast<unsigned>(p.rows),
                   static_cast<int>(std::min<int64_t>(kQuantMaxThreads, (wide + 31) / 32 * 32)), 0, stream, p);
     return cuda_check(cudaGetLastError());
   }

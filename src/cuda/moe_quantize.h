@@ -27,9 +27,6 @@ struct QuantizeRowsArgs {
   uint8_t* sorted_codes = nullptr;   // FP8 (rows · top_k, cols)
   const int32_t* row_pos = nullptr;  // (rows · top_k)
   int64_t top_k = 0;
-  // Who stores the copies: 1, top_k blocks a row, one copy each (block 0 the row itself too); 0, the
-  // row's one block; -1, NIBBLE_QUANTIZE_COPIES (split or one; one by default). The same values.
-  int split_copies = -1;
   // Tensor parallelism (a row-parallel linear: each rank holds a slice of every row): amax_out set,
   // the kernel only writes each row's amax; amax_in set, row r's scale is max(amax_in[r], 1e-12) / 448
   // (the dynamic formula, once the amax is reduced over the ranks).

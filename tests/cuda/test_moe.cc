@@ -736,43 +736,6 @@ TEST(QuantizeRows, MatchesCpuTwin) {
       }
 }
 
-// quantize_rows_fp8's routed copies (QuantizeRowsArgs::sorted_codes): every row's codes also at its
-// top_k rows of row_pos (a permutation, every sorted row written once), stored by the row's block or
-// by top_k blocks a row; each copy byte for byte the row's own codes, which match the CPU twin, the
-// copies' buffer poisoned.
-TEST(QuantizeRows, RoutedCopies) {
-  SKIP_WITHOUT_GPU();
-  for (const int64_t cols : {4096, 7168, 18432})
-    for (const int64_t top_k : {2, 8})
-      for (const int split : {0, 1}) {
-        const int64_t R = 3;
-        const Tensor x = to_bf16(random_f32({R, cols}, static_cast<uint32_t>(cols + top_k), 2.0f));
-        std::vector<int32_t> pos(R * top_k);
-        for (int64_t i = 0; i < R * top_k; ++i) pos[i] = static_cast<int32_t>((i * 5 + 3) % (R * top_k));
-        const Tensor d_x = cuda::upload(x), d_pos = cuda::upload(i32_tensor(pos));
-        Tensor codes = poisoned(DType::kU8, {R, cols}), scale = poisoned(DType::kF32, {R}),
-               sums = poisoned(DType::kF32, {R, cols / 64}), sorted = poisoned(DType::kU8, {R * top_k, cols});
-        cuda::quantize_rows_fp8({.x = d_x.raw(), .codes = codes.data<uint8_t>(), .scale = scale.data<float>(),
-                                 .sums = sums.data<float>(), .rows = R, .cols = cols,
-                                 .sorted_codes = sorted.data<uint8_t>(), .row_pos = d_pos.data<int32_t>(),
-                                 .top_k = top_k, .split_copies = split},
-                                nullptr);
-        const Tensor got_codes = cuda::download(codes), got_sorted = cuda::download(sorted),
-                     got_scale = cuda::download(scale);
-        const Tensor xf = to_f32(x);
-        std::vector<uint8_t> want(cols);
-        for (int64_t r = 0; r < R; ++r) {
-          const std::string where = "cols " + std::to_string(cols) + " top-k " + std::to_string(top_k) +
-                                    (split ? " split" : " one block") + " row " + std::to_string(r);
-          EXPECT_EQ(got_scale.data<float>()[r], quantize_fp8_row({xf.data<float>() + r * cols, static_cast<size_t>(cols)}, want, 0.0f)) << where;
-          EXPECT_EQ(std::memcmp(got_codes.data<uint8_t>() + r * cols, want.data(), cols), 0) << where;
-          for (int64_t j = 0; j < top_k; ++j)
-            EXPECT_EQ(std::memcmp(got_sorted.data<uint8_t>() + pos[r * top_k + j] * cols, want.data(), cols), 0)
-                << where << " copy " << j;
-        }
-      }
-}
-
 // route_and_group given x's quantization: inside the routing launch (up to 1024 tokens: one block a
 // token for 8 experts, tiles of tokens and experts for more) or after it (1100 tokens), the codes, scales and 64-block sums of quantize_rows_fp8 and the
 // routing of route_and_group alone, bit for bit; row lengths of 1, 2, 3 and several units a thread.
