@@ -136,6 +136,11 @@ constexpr int kMmaMaxTokenTiles = 0;
 #ifndef NIBBLE_MOE_JOINED_SUMS
 #define NIBBLE_MOE_JOINED_SUMS 0
 #endif
+// The INT4 64-row tiles' stage loop a chunk at a time (below, kChunkLoop); an experiment builds it
+// with -DNIBBLE_MOE_CHUNK_LOOP=1 -DNIBBLE_MOE_NARROW_64=0.
+#ifndef NIBBLE_MOE_CHUNK_LOOP
+#define NIBBLE_MOE_CHUNK_LOOP 0
+#endif
 #ifndef NIBBLE_MOE_TURNS
 #define NIBBLE_MOE_TURNS 1
 #endif
@@ -472,6 +477,313 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
   const uint32_t empty0 = __shfl_sync(0xFFFFFFFFu, ptx::smem_address(&sm.empty[0]), 0);
   int slot = kStages - 1;
   uint32_t parity = 1;
+  constexpr bool kMathBranchChunk = NIBBLE_MOE_LEAVE_OUT_MATH || kMma || kFp8 || kRows != 64 || kProbe != kNoProbe;
+  // Chunk loop (NIBBLE_MOE_CHUNK_LOOP, wgmma tiles; an experiment): a chunk's stages run as a loop of
+  // their own inside the choice of its chain width, and its rows are written out after that loop, so
+  // that each width's loop keeps the sums in its own registers (with the width chosen every stage and
+  // the write-out in the same loop, ptxas moves the 64-row tiles' 32 sums between registers every
+  // stage: 48 of the stage's 275 instructions a warp, ncu source counters, thirty-sixth session).
+  // INT4 64-row tiles only: with narrow chains (two widths, two loops) ptxas serializes their wgmmas
+  // (C7511), as it does the 128-row tiles' with any; so the experiment builds it with
+  // -DNIBBLE_MOE_NARROW_64=0.
+  constexpr bool kChunkLoop = NIBBLE_MOE_CHUNK_LOOP && kRows == 64 && !kFp8 && !kMma && !kJoinedSums &&
+                              !(kMathBranchChunk && NIBBLE_MOE_LEAVE_OUT_MATH);
+  if constexpr (kChunkLoop) {
+  constexpr bool kNarrow = kRows >= 64 && kProbe == kNoProbe && (kRows > 64 || NIBBLE_MOE_NARROW_64);
+  // One stage of the chunk: `fixed` is its chain's width where the caller chose it for the chunk, else
+  // 0 (chosen here). False where the stage's math was left out (the walk already advanced).
+  auto step = [&](auto fixed) -> bool {
+    if (++slot == kStages) slot = 0, parity ^= 1;
+    auto wait_full = [&] { ptx::mbarrier_wait_at(full0 + 8 * slot, parity); };
+    auto release = [&] { ptx::mbarrier_arrive_at(empty0 + 8 * slot); };
+    if constexpr (kEarlySums > 0) {
+      if (compute.stage == compute.stages - 1) {
+        const int64_t act_row = act_row_of(compute);
+        const float* sums = p.act_sums + (act_row >= 0 ? act_row : 0) * walk.kblocks + compute.kb_begin;
+#pragma unroll
+        for (int i = 0; i < kEarlySums; ++i) {
+          const int kb = rpart + i * kThreadsPerRow;
+          early_sums[i] = act_row >= 0 && kb < compute.kb_count ? __ldg(sums + kb) : 0.0f;
+        }
+        early_scale = act_row >= 0 ? __ldg(p.act_scale + act_row) : 0.0f;
+      }
+    }
+    wait_full();
+
+    const int first = compute.kb_begin + compute.stage * kBlocksPerStage;
+    const int nkb = min(kBlocksPerStage, compute.kb_begin + compute.kb_count - first);
+    if (kMathBranchChunk && (p.leave_out & kMath)) {
+      if (kMma || lane == 0) release();
+      walk.advance(compute, p);
+      return false;
+    }
+    if constexpr (kMma) {
+      // This warp's K block of the stage (warp b takes block b), all four 16-channel tiles: the weights
+      // and the live row tiles' activations to registers, the slot handed back, then the math.
+      const int b = warp, rows_left = compute.rows - compute.chunk * kRows;
+      if (b < nkb) {
+        uint4 w[kWarps];
+#pragma unroll
+        for (int mt = 0; mt < kWarps; ++mt) w[mt] = sm.weights[slot][mt][b][lane];
+        // Lane (g, q) reads K 4q..4q+3 of row g of each 16-wide K step: physical K 4q, 4q+2 are its
+        // logical 2q, 2q+1 (b0) and 4q+1, 4q+3 its 2q+8, 2q+9 (b1), as in the weights below.
+        uint32_t x[kTokenTiles][4];
+#pragma unroll
+        for (int nt = 0; nt < kTokenTiles; ++nt)
+#pragma unroll
+          for (int s = 0; s < 4; ++s)
+            x[nt][s] = nt * 8 < rows_left ? *reinterpret_cast<const uint32_t*>(
+                                                &sm.act[slot][(nt * 8 + g) * T::kActRowBytes + b * kGemmKBlock +
+                                                              s * 16 + 4 * q])
+                                          : 0u;
+        release();  // this lane is done reading the slot
+#pragma unroll
+        for (int s = 0; s < 4; ++s) {
+          uint32_t bf[kTokenTiles][2];
+#pragma unroll
+          for (int nt = 0; nt < kTokenTiles; ++nt) int4_f16::activation_fragment(x[nt][s], bf[nt]);
+#pragma unroll
+          for (int mt = 0; mt < kWarps; ++mt) {
+            uint32_t a[4];  // int4_f16_mma.cuh: the nibbles as f16, rows g + 8 scaled by 16
+            int4_f16::weight_fragment(s == 0 ? w[mt].x : s == 1 ? w[mt].y : s == 2 ? w[mt].z : w[mt].w, a);
+#pragma unroll
+            for (int nt = 0; nt < kTokenTiles; ++nt)
+              if (nt == 0 || nt * 8 < rows_left) {
+                float(&d)[4] = *reinterpret_cast<float(*)[4]>(&acc[(mt * kTokenTiles + nt) * 4]);
+                int4_f16::mma(d, a, bf[nt]);
+              }
+          }
+        }
+      } else {
+        release();
+      }
+    } else {
+    // The stage's four K blocks in one chain of tensor-core sums (256 K), then added to the fp32 sums.
+    // Every wgmma is issued (a branch around one makes ptxas serialize them all); a K block past the
+    // split's end has zero weights here (its activations are the next split's, or zeros past K: finite
+    // FP8 codes either way, so its products are zero).
+    uint32_t a[kBlocksPerStage][2][4];
+#pragma unroll
+    for (int b = 0; b < kBlocksPerStage; ++b) {
+      const uint32_t live = b < nkb ? 0xFFFFFFFFu : 0u;
+      if constexpr (kFp8) {  // the two K steps' A fragments, as stored
+        const uint4 lo = sm.weights[slot][warp][b][2 * lane], hi = sm.weights[slot][warp][b][2 * lane + 1];
+        a[b][0][0] = lo.x & live, a[b][0][1] = lo.y & live, a[b][0][2] = lo.z & live, a[b][0][3] = lo.w & live;
+        a[b][1][0] = hi.x & live, a[b][1][1] = hi.y & live, a[b][1][2] = hi.z & live, a[b][1][3] = hi.w & live;
+      } else {
+        // Each nibble u becomes the FP8 byte u, worth u · 2^-9: low nibbles are rows g, high g + 8.
+        const uint32_t m = 0x0F0F0F0Fu & live;
+        const uint4 w = kProbe == kProbeNoOperands ? make_uint4(lane, b, 0, 0) : sm.weights[slot][warp][b][lane];
+        a[b][0][0] = w.x & m, a[b][0][1] = (w.x >> 4) & m;
+        a[b][0][2] = w.y & m, a[b][0][3] = (w.y >> 4) & m;
+        a[b][1][0] = w.z & m, a[b][1][1] = (w.z >> 4) & m;
+        a[b][1][2] = w.w & m, a[b][1][3] = (w.w >> 4) & m;
+      }
+    }
+    // The activations' descriptors: slot 0's address field moved to this slot, K block and K step
+    // (addresses stay below 2^18, so the 14-bit field takes the sum without a carry); the upper word
+    // is constant.
+    const uint32_t slot_lo =  // uniform registers (above)
+        __shfl_sync(0xFFFFFFFFu, act_desc_lo + static_cast<uint32_t>(slot * T::kActSlotBytes >> 4), 0);
+    // One chain of m64 × N products, then added to the fp32 sums: N is `width` (128-row tiles: up to
+    // n128, the tensor cores' best rate on A from registers), so that a partly filled chunk (an expert's
+    // last, or one of fewer rows than the tile) costs the tensor cores only its rows. Accumulators past
+    // N stay zero (a chunk's width is the same at every stage); rows past the chunk's are never written.
+    float d_stage[kAcc];
+    float(&d)[kAcc] = kJoinedSums ? d_chunk : d_stage;
+    if constexpr (kJoinedSums) {
+      if (compute.stage == 0) {  // the chunk's width leaves the sums past it zero at every stage
+#pragma unroll
+        for (int j = 0; j < kAcc; ++j) d[j] = 0.0f;
+      }
+    }
+    if constexpr (kProbe == kProbeNoTensor) {  // the operands folded into d instead
+#pragma unroll
+      for (int j = 0; j < kAcc; ++j) d[j] = __uint_as_float(a[j % kBlocksPerStage][j % 2][j % 4] ^ a[3][1][j % 4]);
+#pragma unroll
+      for (int j = 0; j < kAcc; ++j) acc[j] += d[j];
+    } else {
+      // ptxas puts a warpgroup.arrive before each wgmma of the 128-row tiles (C7519: nvcc sinks the nibble
+      // masks between them). Keeping every A fragment in registers before the chain (an operand fence a
+      // register, as CUTLASS's warpgroup_fence_operand) gave one arrive and eight QGMMA back to back, and
+      // was slower: Mixtral 1024 tokens 1435.6 µs against 1378.7, Grok-1 tp 2 2284.7 against 2175.3
+      // (bench/RESULTS.md, twenty-third session). So was A from shared memory with no weight loads at all
+      // (NIBBLE_MOE_PROBE=4: 1369.9). On the INT4 64-row tiles the same fence (thirty-fourth session, an
+      // H100) changed nothing: Mixtral and Grok-1 128 tokens, Mixtral 256, DeepSeek-V3 1024.
+      auto chain = [&](auto width) {
+        constexpr int kN = decltype(width)::value;
+        float(&dn)[kN / 2] = *reinterpret_cast<float(*)[kN / 2]>(&d[0]);
+        if constexpr (turns) ptx::named_barrier_sync(2 + group_in_block, kConsumers);
+        wgmma::fence();
+#pragma unroll
+        for (int b = 0; b < kBlocksPerStage; ++b) {
+          // K block b: half b / 2, bytes 64 · (b % 2) of each 128-byte row; its second K step 32 bytes on.
+          const uint32_t lo = slot_lo + static_cast<uint32_t>(((b / 2) * T::kHalfBytes + (b % 2) * 64) >> 4);
+          if constexpr (kProbe == kProbeSmemA) {
+            wgmma::WgmmaE4m3<kN>::mma_ss(dn, act_desc_hi | lo, act_desc_hi | lo, b);
+            wgmma::WgmmaE4m3<kN>::mma_ss(dn, act_desc_hi | (lo + (32 >> 4)), act_desc_hi | (lo + (32 >> 4)), 1);
+          } else {
+            wgmma::WgmmaE4m3<kN>::mma(dn, a[b][0], act_desc_hi | lo, b);
+            wgmma::WgmmaE4m3<kN>::mma(dn, a[b][1], act_desc_hi | (lo + (32 >> 4)), 1);
+          }
+        }
+        wgmma::commit();
+        if constexpr (turns) ptx::named_barrier_arrive(2 + (group_in_block ^ 1), kConsumers);
+        wgmma::wait<0>();
+        if constexpr (!kJoinedSums) {
+#pragma unroll
+          for (int j = 0; j < kN / 2; ++j) acc[j] += dn[j];
+        }
+      };
+      // The chain's width (tiles of 64 and 128 rows, with narrow chains): the narrowest multiple of 32
+      // rows (the narrowest wgmma at the tensor cores' full rate, bench/probe_tensor_rate.cu) that holds
+      // the chunk's live rows. Chosen around the chain alone: around all of a stage's code it tripled the
+      // 128-row kernel's code and was 5% slower at Grok-1's 2048 tokens, where the chunks are full. The
+      // 64-row tiles' width (n32 or n64, by a warp vote; ptxas puts a warpgroup arrive before each of
+      // their wgmmas, C7519) measured on an H200 (bench/RESULTS.md, twenty-fifth session, the layer, µs
+      // with / without, two rounds): Grok-1 tp 2 128 tokens 586.5, 583.3 / 617.2, 623.3; DeepSeek-V3
+      // 1024 3195.5, 3197.9 / 3338.8, 3341.5; Mixtral 128 355.8, 352.6 / 358.9, 365.6; equal at 64, 256.
+      if constexpr (decltype(fixed)::value > 0) {
+        chain(fixed);
+      } else {
+        const int live_rows = p.narrow_chains ? compute.rows - compute.chunk * kRows : kRows;
+        with_width<kRows, (kNarrow ? 32 : kRows)>(live_rows, chain);
+      }
+      if constexpr (kJoinedSums) {
+#pragma unroll
+        for (int j = 0; j < kAcc; ++j) acc[j] += d[j];
+      }
+    }
+    if (lane == 0) release();  // this warp is done reading the slot
+    }
+    return true;
+  };
+
+  // The chunk's rows out, after its last stage.
+  auto write_out = [&] {
+      // Each row's Σ a over this split's K blocks (INT4's offset correction) and its scale.
+      const int64_t act_row = act_row_of(compute);
+      float sum = 0.0f;
+#pragma unroll
+      for (int i = 0; i < kEarlySums; ++i) sum += early_sums[i];
+      if (!kFp8 && act_row >= 0) {
+        const float* sums = p.act_sums + act_row * walk.kblocks + compute.kb_begin;
+#pragma unroll(kMma ? 4 : 8)
+        for (int kb = rpart + kEarlySums * kThreadsPerRow; kb < compute.kb_count; kb += kThreadsPerRow)
+          sum += sums[kb];
+      }
+#pragma unroll
+      for (int o = kThreadsPerRow / 2; o > 0; o /= 2) sum += __shfl_xor_sync(0xFFFFFFFFu, sum, o);
+      ptx::named_barrier_sync(1, kConsumers);  // every consumer is done with the previous chunk's rows
+      if (rpart == 0) {
+        sm.token_sum[rr] = sum;
+        sm.token_scale[rr] = kEarlySums > 0 ? early_scale : act_row >= 0 ? p.act_scale[act_row] : 0.0f;
+      }
+      if constexpr (kMma) {  // the partial sums of the other warps' channel tiles
+#pragma unroll
+        for (int mt = 0; mt < kWarps; ++mt)
+#pragma unroll
+          for (int nt = 0; nt < kTokenTiles; ++nt) {
+            const float* d = &acc[(mt * kTokenTiles + nt) * 4];
+            if (mt != warp) sm.reduce[((warp * kWarps + mt) * kTokenTiles + nt) * 32 + lane] = {d[0], d[1], d[2], d[3]};
+          }
+      }
+      ptx::named_barrier_sync(1, kConsumers);
+      const int tile = compute.group * kWarps + warp;
+      if (kMma && tile < tiles) {
+        // This warp's tile summed over the four warps' K blocks. Accumulator j of row tile nt: channel
+        // g (j < 2) or g + 8, row 8·nt + 2q + j % 2.
+        float sum[kTokenTiles][4];
+#pragma unroll
+        for (int nt = 0; nt < kTokenTiles; ++nt)
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            float v = 0.0f;
+#pragma unroll
+            for (int mt = 0; mt < kWarps; ++mt)
+              if (mt == warp) v = acc[(mt * kTokenTiles + nt) * 4 + j];
+            sum[nt][j] = v;
+          }
+#pragma unroll
+        for (int other = 0; other < kWarps; ++other) {
+          if (other == warp) continue;
+#pragma unroll
+          for (int nt = 0; nt < kTokenTiles; ++nt) {
+            const float4 r = sm.reduce[((other * kWarps + warp) * kTokenTiles + nt) * 32 + lane];
+            sum[nt][0] += r.x, sum[nt][1] += r.y, sum[nt][2] += r.z, sum[nt][3] += r.w;
+          }
+        }
+        const float* wscale = p.weight_scale + static_cast<int64_t>(compute.expert) * p.n;
+        float* out = p.out + (compute.split * p.max_rows + compute.row_begin + compute.chunk * kRows) * p.n;
+#pragma unroll
+        for (int nt = 0; nt < kTokenTiles; ++nt)
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            const int row = nt * 8 + 2 * q + (j & 1);
+            const int64_t channel = tile * 16 + g + ((j & 2) ? 8 : 0);
+            if (compute.chunk * kRows + row >= compute.rows) continue;
+            const float dot =
+                sum[nt][j] * ((j & 2) ? int4_f16::kHighScale : int4_f16::kLowScale) - 8.0f * sm.token_sum[row];
+            out[row * p.n + channel] = dot * sm.token_scale[row] * wscale[channel];
+          }
+      }
+      // The wgmma tiles' rows out. Accumulator j: row group j / 4 of 8 rows; channels g (j % 4 < 2) or
+      // g + 8; row 2q + j % 2.
+      const float* wscale = p.weight_scale + static_cast<int64_t>(compute.expert) * p.n;
+      const int64_t first_row = compute.row_begin + compute.chunk * kRows;
+      auto value = [&](int j, int row, int64_t channel) {
+        const float dot = kFp8 ? acc[j] : acc[j] * 512.0f - 8.0f * sm.token_sum[row];
+        return dot * sm.token_scale[row] * wscale[channel];
+      };
+      if (!kMma && tile < tiles) {
+        if (p.glu) {
+          // Rows g of the tile are gate channels, g + 8 the up ones of the same channels (kGluRows):
+          // the values written as the unfused epilogue writes them, then act(0 + gate) · (0 + up) as
+          // the activation kernels compute them. With glu_amax, each row's amax over the warp's 8
+          // channels (the 8 lanes of one q share their rows) stored by lanes 0-3.
+          float* out = p.out + first_row * (p.n / 2);
+          const int64_t c16 = tile * 16 + g;
+#pragma unroll
+          for (int j = 0; j < kAcc; ++j) {
+            if (j & 2) continue;
+            const int row = (j / 4) * 8 + 2 * q + (j & 1);
+            const bool live = compute.chunk * kRows + row < compute.rows;
+            const float gate = value(j, row, c16), up = value(j + 2, row, c16 + 8);
+            const float h = activate(p.glu_activation, 0.0f + gate) * (0.0f + up);
+            if (live) out[row * (p.n / 2) + tile * 8 + g] = h;
+            // Tiles of 8 and 16 rows only (moe_gemm_w4a8_fuses_glu): in the 128-row kernel the shuffles
+            // made ptxas serialize the wgmmas (C7520).
+            if (kTokenTiles <= 2 && p.glu_amax != nullptr) {  // the same for the whole grid
+              float m = live ? fmaxf(0.0f, fabsf(h)) : 0.0f;  // NaN left out, as the activation kernels' max
+#pragma unroll
+              for (int o = 4; o < 32; o *= 2) m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, o));
+              if (g == 0 && live) p.glu_amax[(first_row + row) * (p.n / 16) + tile] = m;
+            }
+          }
+        } else {
+          float* out = p.out + (compute.split * p.max_rows + first_row) * p.n;
+#pragma unroll
+          for (int j = 0; j < kAcc; ++j) {
+            const int row = (j / 4) * 8 + 2 * q + (j & 1);
+            const int64_t channel = tile * 16 + g + ((j & 2) ? 8 : 0);
+            if (compute.chunk * kRows + row >= compute.rows) continue;
+            out[row * p.n + channel] = value(j, row, channel);
+          }
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < kAcc; ++j) acc[j] = 0.0f;
+  };
+
+    while (walk.valid(compute)) {  // compute at a chunk's first stage
+      const int live_rows = p.narrow_chains ? compute.rows - compute.chunk * kRows : kRows;
+      with_width<kRows, (kNarrow ? 32 : kRows)>(live_rows, [&](auto width) {
+        while (step(width) && compute.stage < compute.stages - 1) ++compute.stage;
+      });
+      write_out();
+      walk.advance(compute, p);
+    }
+  } else {
   while (walk.valid(compute)) {
     if (++slot == kStages) slot = 0, parity ^= 1;
     auto wait_full = [&] { ptx::mbarrier_wait_at(full0 + 8 * slot, parity); };
@@ -750,6 +1062,7 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
       for (int j = 0; j < kAcc; ++j) acc[j] = 0.0f;
     }
     walk.advance(compute, p);
+  }
   }
   if (turns && group_in_block == 0) ptx::named_barrier_sync(2, kConsumers);
 }
