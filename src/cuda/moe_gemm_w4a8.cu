@@ -136,9 +136,8 @@ constexpr int kMmaMaxTokenTiles = 0;
 #ifndef NIBBLE_MOE_JOINED_SUMS
 #define NIBBLE_MOE_JOINED_SUMS 0
 #endif
-// The INT4 wgmma tiles' stage loop a chunk at a time (below, kChunkLoop); an experiment builds it with
-// -DNIBBLE_MOE_CHUNK_LOOP=ROWS, a sum of the tile heights it applies to (8, 16, 32, 64; with 64 also
-// -DNIBBLE_MOE_NARROW_64=0).
+// The INT4 64-row tiles' stage loop a chunk at a time (below, kChunkLoop); an experiment builds it
+// with -DNIBBLE_MOE_CHUNK_LOOP=1 -DNIBBLE_MOE_NARROW_64=0.
 #ifndef NIBBLE_MOE_CHUNK_LOOP
 #define NIBBLE_MOE_CHUNK_LOOP 0
 #endif
@@ -484,11 +483,10 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
   // that each width's loop keeps the sums in its own registers (with the width chosen every stage and
   // the write-out in the same loop, ptxas moves the 64-row tiles' 32 sums between registers every
   // stage: 48 of the stage's 275 instructions a warp, ncu source counters, thirty-sixth session).
-  // INT4 tiles of up to 64 rows: with narrow chains (two widths, two loops) ptxas serializes the 64-row
-  // tiles' wgmmas (C7511), as it does the 128-row tiles' with any; so the experiment builds 64-row
-  // tiles with -DNIBBLE_MOE_NARROW_64=0. The 16-row tiles (the decode path's gate_up at 9 to 32
-  // tokens) move their 8 sums every stage the same way, and keep them in place in the chunk loop.
-  constexpr bool kChunkLoop = (NIBBLE_MOE_CHUNK_LOOP & kRows) != 0 && kRows <= 64 && !kFp8 && !kMma && !kJoinedSums &&
+  // INT4 64-row tiles only: with narrow chains (two widths, two loops) ptxas serializes their wgmmas
+  // (C7511), as it does the 128-row tiles' with any; so the experiment builds it with
+  // -DNIBBLE_MOE_NARROW_64=0.
+  constexpr bool kChunkLoop = NIBBLE_MOE_CHUNK_LOOP && kRows == 64 && !kFp8 && !kMma && !kJoinedSums &&
                               !(kMathBranchChunk && NIBBLE_MOE_LEAVE_OUT_MATH);
   if constexpr (kChunkLoop) {
   constexpr bool kNarrow = kRows >= 64 && kProbe == kNoProbe && (kRows > 64 || NIBBLE_MOE_NARROW_64);
