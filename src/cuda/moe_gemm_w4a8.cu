@@ -136,6 +136,11 @@ constexpr int kMmaMaxTokenTiles = 0;
 #ifndef NIBBLE_MOE_JOINED_SUMS
 #define NIBBLE_MOE_JOINED_SUMS 0
 #endif
+// The sums reset by FMA at a chunk's first stage (below, kSumsFma); an experiment builds it with
+// -DNIBBLE_MOE_SUMS_FMA=1.
+#ifndef NIBBLE_MOE_SUMS_FMA
+#define NIBBLE_MOE_SUMS_FMA 0
+#endif
 #ifndef NIBBLE_MOE_TURNS
 #define NIBBLE_MOE_TURNS 1
 #endif
@@ -472,6 +477,14 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
   const uint32_t empty0 = __shfl_sync(0xFFFFFFFFu, ptx::smem_address(&sm.empty[0]), 0);
   int slot = kStages - 1;
   uint32_t parity = 1;
+  // Sums reset by FMA (NIBBLE_MOE_SUMS_FMA; an experiment): each stage's chain sums go into acc as
+  // acc · keep + d, keep 0 at a chunk's first stage, instead of acc being zeroed after the chunk's
+  // write-out. With the zeroing there, ptxas adds a stage's sums into new registers and moves them
+  // back every stage (the 64-row tiles: 48 moves of the stage's 275 instructions a warp, thirty-sixth
+  // session's ncu source counters; the 128-row tiles 64, the 16-row tiles 8); with the FMA, none. The
+  // sums are finite (a product is at most 448 · 15 · 2^-9), so 0 · acc is 0 and the results are
+  // the same bits.
+  constexpr bool kSumsFma = NIBBLE_MOE_SUMS_FMA && !kMma && !kJoinedSums && kProbe != kProbeNoTensor;
   while (walk.valid(compute)) {
     if (++slot == kStages) slot = 0, parity ^= 1;
     auto wait_full = [&] { ptx::mbarrier_wait_at(full0 + 8 * slot, parity); };
@@ -561,6 +574,8 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
         a[b][1][2] = w.w & m, a[b][1][3] = (w.w >> 4) & m;
       }
     }
+    [[maybe_unused]] float keep;
+    if constexpr (kSumsFma) keep = compute.stage == 0 ? 0.0f : 1.0f;
     // The activations' descriptors: slot 0's address field moved to this slot, K block and K step
     // (addresses stay below 2^18, so the 14-bit field takes the sum without a carry); the upper word
     // is constant.
@@ -569,7 +584,8 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
     // One chain of m64 × N products, then added to the fp32 sums: N is `width` (128-row tiles: up to
     // n128, the tensor cores' best rate on A from registers), so that a partly filled chunk (an expert's
     // last, or one of fewer rows than the tile) costs the tensor cores only its rows. Accumulators past
-    // N stay zero (a chunk's width is the same at every stage); rows past the chunk's are never written.
+    // N stay zero (a chunk's width is the same at every stage; with kSumsFma they keep an earlier
+    // chunk's sums); rows past the chunk's are never written.
     float d_stage[kAcc];
     float(&d)[kAcc] = kJoinedSums ? d_chunk : d_stage;
     if constexpr (kJoinedSums) {
@@ -611,7 +627,10 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
         wgmma::commit();
         if constexpr (turns) ptx::named_barrier_arrive(2 + (group_in_block ^ 1), kConsumers);
         wgmma::wait<0>();
-        if constexpr (!kJoinedSums) {
+        if constexpr (kSumsFma) {
+#pragma unroll
+          for (int j = 0; j < kN / 2; ++j) acc[j] = fmaf(acc[j], keep, dn[j]);
+        } else if constexpr (!kJoinedSums) {
 #pragma unroll
           for (int j = 0; j < kN / 2; ++j) acc[j] += dn[j];
         }
@@ -746,8 +765,10 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
           }
         }
       }
+      if constexpr (!kSumsFma) {
 #pragma unroll
-      for (int j = 0; j < kAcc; ++j) acc[j] = 0.0f;
+        for (int j = 0; j < kAcc; ++j) acc[j] = 0.0f;
+      }
     }
     walk.advance(compute, p);
   }
