@@ -481,9 +481,12 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
   // acc · keep + d, keep 0 at a chunk's first stage, instead of acc being zeroed after the chunk's
   // write-out. With the zeroing there, ptxas adds a stage's sums into new registers and moves them
   // back every stage (the 64-row tiles: 48 moves of the stage's 275 instructions a warp, thirty-sixth
-  // session's ncu source counters; the 128-row tiles 64, the 16-row tiles 8); with the FMA, none. The
-  // sums are finite (a product is at most 448 · 15 · 2^-9), so 0 · acc is 0 and the results are
-  // the same bits.
+  // session's ncu source counters; the 128-row tiles 64, the 16-row tiles 8); with the FMA, none. For
+  // finite activations the sums are finite (a product is at most 448 · 15 · 2^-9), so 0 · acc is 0
+  // and the results are the same bits; a NaN in one row's activations, though, would stay in its
+  // accumulators and carry into the same row position of the block's next chunks (other tokens),
+  // where the zeroing stops it: to be closed (NaN codes kept out of the quantized activations, say)
+  // before this could be the default.
   constexpr bool kSumsFma = NIBBLE_MOE_SUMS_FMA && !kMma && !kJoinedSums && kProbe != kProbeNoTensor;
   while (walk.valid(compute)) {
     if (++slot == kStages) slot = 0, parity ^= 1;
