@@ -184,11 +184,6 @@ struct Tile {
   static_assert(!kMma || (kGroups == 1 && !kFp8 && kTokenTiles <= 2), "mma.sync: INT4, one group, <= 16 rows");
   static constexpr int kWarps = 4 * kGroups;  // consumer warps: kGroups warpgroups of 64 output channels
   static constexpr int kConsumers = kWarps * 32;
-  // INT4 64-row tiles of two consumer warpgroups split the chunk's rows instead of the channels: both
-  // take the block's 64 channels (four 16-channel tiles of weights a stage), warpgroup h rows 32h to
-  // 32h + 31 in n32 chains, so that an SM holds four warpgroups (two blocks) in the registers of two.
-  static constexpr bool kSplitRows = kTokenTiles == 8 && kGroups == 2 && !kFp8 && !kMma;
-  static constexpr int kTiles = kSplitRows ? 4 : kWarps;  // 16-channel weight tiles a stage
   // One producer warp; for 128-row tiles (two consumer warpgroups holding 64 accumulators a thread) a
   // producer warpgroup, one warp of which copies, that hands registers to the consumers (the kernel).
   static constexpr bool kWide = kTokenTiles == 16;
@@ -204,13 +199,13 @@ struct Tile {
   static constexpr int kActRowBytes = kBlocksPerStage * kGemmKBlock + 16;
   static constexpr int kHalfBytes = kRows * 2 * kGemmKBlock;  // wgmma: one of a stage's two activation boxes
   static constexpr int kActSlotBytes = kMma ? kRows * kActRowBytes : 2 * kHalfBytes;
-  static constexpr int kStageBytes = kBlocksPerStage * kTiles * kWarpBlockBytes + kActSlotBytes;
+  static constexpr int kStageBytes = kBlocksPerStage * kWarps * kWarpBlockBytes + kActSlotBytes;
   // mma.sync: each warp's partial sums of the other warps' 16-channel tiles, (writer, tile, row tile, lane).
   static constexpr int kReduceSlots = kMma ? kWarps * kWarps * kTokenTiles * 32 : 1;
   // Blocks an SM should hold (registers permitting), and as many stages as their share of the SM's
   // shared memory allows.
   static constexpr int kMinBlocks = kGroups == 1 ? (kTokenTiles <= 2 ? NIBBLE_MOE_BLOCKS_1G : kTokenTiles == 4 ? 3 : NIBBLE_MOE_BLOCKS_1G_64)
-                                                 : (kTokenTiles <= 2 ? NIBBLE_MOE_BLOCKS_2G : kSplitRows ? 2 : 1);
+                                                 : (kTokenTiles <= 2 ? NIBBLE_MOE_BLOCKS_2G : 1);
   static constexpr int kStages =
       std::clamp((220 * 1024 / kMinBlocks - 2048 - (kMma ? kReduceSlots * 16 : 0)) / kStageBytes, 3, 8);
 };
@@ -221,8 +216,8 @@ struct Tile {
 template <int kTokenTiles, bool kFp8, int kGroups, bool kMma>
 struct alignas(128) GemmSmem {
   using T = Tile<kTokenTiles, kFp8, kGroups, kMma>;
-  static_assert(sizeof(uint4) * T::kTiles * kBlocksPerStage * 32 * T::kLaneWords % 1024 == 0);
-  uint4 weights[T::kStages][T::kTiles][kBlocksPerStage][32 * T::kLaneWords];
+  static_assert(sizeof(uint4) * T::kWarps * kBlocksPerStage * 32 * T::kLaneWords % 1024 == 0);
+  uint4 weights[T::kStages][T::kWarps][kBlocksPerStage][32 * T::kLaneWords];
   uint8_t act[T::kStages][T::kActSlotBytes];
   uint64_t full[T::kStages];   // a slot's weights and activations have landed
   uint64_t empty[T::kStages];  // the consumers are done with a slot
@@ -288,12 +283,9 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
     moe_gemm_w4a8_kernel(const __grid_constant__ GemmW4A8Args p, const __grid_constant__ ActMap<kMma> act_map) {
   using T = Tile<kTokenTiles, kFp8, kGroups, kMma>;
   constexpr int kRows = T::kRows, kStages = T::kStages, kWarps = T::kWarps, kConsumers = T::kConsumers;
-  constexpr int kTiles = T::kTiles;
-  constexpr bool kSplitRows = T::kSplitRows;
   // f32 accumulator registers a thread: an m64 × kRows wgmma tile, or mma.sync's 4 channel tiles ×
   // kTokenTiles row tiles × 4.
-  // (Split rows: a warpgroup's 32 rows.)
-  constexpr int kAcc = kMma ? kWarps * kTokenTiles * 4 : kRows / (kSplitRows ? 4 : 2);
+  constexpr int kAcc = kMma ? kWarps * kTokenTiles * 4 : kRows / 2;
   extern __shared__ uint4 smem_raw[];
   const uint32_t misalign = kMma ? 0 : ptx::smem_address(smem_raw) & 1023;
   auto& sm = *reinterpret_cast<GemmSmem<kTokenTiles, kFp8, kGroups, kMma>*>(
@@ -305,7 +297,7 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
   // read before the wait (GemmW4A8Args::routing_settled), and then each role waits below.
   if (!p.routing_settled) ptx::grid_dependency_wait();
   Walk walk;
-  walk.groups = (tiles + kTiles - 1) / kTiles;
+  walk.groups = (tiles + kWarps - 1) / kWarps;
   walk.splits = static_cast<int>(p.splits);
   walk.kblocks = static_cast<int>(p.k / kGemmKBlock);
   walk.per_split = (walk.kblocks + walk.splits - 1) / walk.splits;
@@ -332,12 +324,12 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
   auto copy_weights = [&](const Cursor& c, int slot) {
     const int first = c.kb_begin + c.stage * kBlocksPerStage;
     const int nkb = min(kBlocksPerStage, c.kb_begin + c.kb_count - first);
-    const int valid_tiles = (p.leave_out & kWeights) ? 0 : min(kTiles, tiles - c.group * kTiles);
+    const int valid_tiles = (p.leave_out & kWeights) ? 0 : min(kWarps, tiles - c.group * kWarps);
     const auto bytes = static_cast<uint32_t>(nkb * T::kWarpBlockBytes);
     if (lane == 0) ptx::mbarrier_expect_tx(&sm.full[slot], bytes * valid_tiles);
     __syncwarp();
     if (lane < valid_tiles) {
-      const uint8_t* src = weights_at(c, c.group * kTiles + lane, first);
+      const uint8_t* src = weights_at(c, c.group * kWarps + lane, first);
       if (p.evict_first)
         ptx::bulk_copy_to_shared_evict_first(sm.weights[slot][lane], src, bytes, &sm.full[slot]);
       else
@@ -347,10 +339,10 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
 
   // Lanes below kWarps ask L2 for the weights of a cursor's stage, a consumer warp's tile each.
   auto prefetch_weights = [&](const Cursor& c) {
-    if (lane < kTiles && c.group * kTiles + lane < tiles) {
+    if (lane < kWarps && c.group * kWarps + lane < tiles) {
       const int first = c.kb_begin + c.stage * kBlocksPerStage;
       const int nkb = min(kBlocksPerStage, c.kb_begin + c.kb_count - first);
-      ptx::prefetch_l2_bulk(weights_at(c, c.group * kTiles + lane, first),
+      ptx::prefetch_l2_bulk(weights_at(c, c.group * kWarps + lane, first),
                             static_cast<uint32_t>(nkb * T::kWarpBlockBytes));
     }
   };
@@ -452,7 +444,7 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
   // one array across the chunk's stages and added to acc after the widths' branches join, every
   // accumulator each stage (those past the chunk's width stay zero), so that both widths keep acc and
   // the sums in the same registers; added inside each branch, ptxas moves them between the two.
-  constexpr bool kJoinedSums = NIBBLE_MOE_JOINED_SUMS && !kMma && kRows == 64 && kProbe == kNoProbe && !kSplitRows;
+  constexpr bool kJoinedSums = NIBBLE_MOE_JOINED_SUMS && !kMma && kRows == 64 && kProbe == kNoProbe;
   [[maybe_unused]] float d_chunk[kAcc];
   [[maybe_unused]] const uint64_t act_desc = wgmma::descriptor_sw128(&sm.act[0][0]);
   [[maybe_unused]] const auto act_desc_lo = static_cast<uint32_t>(act_desc);
@@ -468,8 +460,7 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
   // gate_up / down without and with: Mixtral 128 tokens 225.6 / 115.8 against 220.3 / 111.5; 16-row
   // tiles lost (Mixtral 32 tokens 136.5 / 67.3 against 138.9 / 68.5; the engine at batch 32 9.52
   // against 9.80 ms a step), and keep their sums for the epilogue.
-  constexpr int kEarlySums =
-      kMma || kFp8 || kRows < 64 || (kRows == 64 && (!NIBBLE_MOE_EARLY_SUMS_64 || kSplitRows)) ? 0 : 64 / kThreadsPerRow;
+  constexpr int kEarlySums = kMma || kFp8 || kRows < 64 || (kRows == 64 && !NIBBLE_MOE_EARLY_SUMS_64) ? 0 : 64 / kThreadsPerRow;
   [[maybe_unused]] float early_sums[kEarlySums > 0 ? kEarlySums : 1];
   [[maybe_unused]] float early_scale = 0.0f;
   // The scales of this thread's two channels, g and g + 8 of its warp's tile (NIBBLE_MOE_EARLY_WSCALE).
@@ -495,11 +486,8 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
   // for its last, adds it to its sums and readies its next operands. Named barrier 2 + w holds
   // warpgroup w until the other has issued; group 1 lets group 0 go first, and group 0 takes group 1's
   // last arrival after the walk.
-  constexpr bool turns = kGroups == 2 && !kMma && NIBBLE_MOE_TURNS && !kSplitRows;
+  constexpr bool turns = kGroups == 2 && !kMma && NIBBLE_MOE_TURNS;
   const int group_in_block = warp / 4;
-  // This warp's 16-channel weight tile in the block's stage, and (split rows) its warpgroup's first row.
-  const int warp_tile = kSplitRows ? warp % kTiles : warp;
-  const int group_row = kSplitRows ? 32 * group_in_block : 0;
   if (turns && group_in_block == 1) ptx::named_barrier_arrive(2, kConsumers);
   const uint32_t full0 = __shfl_sync(0xFFFFFFFFu, ptx::smem_address(&sm.full[0]), 0);
   const uint32_t empty0 = __shfl_sync(0xFFFFFFFFu, ptx::smem_address(&sm.empty[0]), 0);
@@ -533,7 +521,7 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
       }
     }
     if constexpr (kEarlyWscale) {
-      const int tile = compute.group * kTiles + warp_tile;
+      const int tile = compute.group * kWarps + warp;
       if (compute.stage == compute.stages - 1 && tile < tiles) {
         const float* ws = p.weight_scale + static_cast<int64_t>(compute.expert) * p.n + tile * 16 + g;
         wscale_lo = __ldg(ws);
@@ -600,13 +588,13 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
     for (int b = 0; b < kBlocksPerStage; ++b) {
       const uint32_t live = b < nkb ? 0xFFFFFFFFu : 0u;
       if constexpr (kFp8) {  // the two K steps' A fragments, as stored
-        const uint4 lo = sm.weights[slot][warp_tile][b][2 * lane], hi = sm.weights[slot][warp_tile][b][2 * lane + 1];
+        const uint4 lo = sm.weights[slot][warp][b][2 * lane], hi = sm.weights[slot][warp][b][2 * lane + 1];
         a[b][0][0] = lo.x & live, a[b][0][1] = lo.y & live, a[b][0][2] = lo.z & live, a[b][0][3] = lo.w & live;
         a[b][1][0] = hi.x & live, a[b][1][1] = hi.y & live, a[b][1][2] = hi.z & live, a[b][1][3] = hi.w & live;
       } else {
         // Each nibble u becomes the FP8 byte u, worth u · 2^-9: low nibbles are rows g, high g + 8.
         const uint32_t m = 0x0F0F0F0Fu & live;
-        const uint4 w = kProbe == kProbeNoOperands ? make_uint4(lane, b, 0, 0) : sm.weights[slot][warp_tile][b][lane];
+        const uint4 w = kProbe == kProbeNoOperands ? make_uint4(lane, b, 0, 0) : sm.weights[slot][warp][b][lane];
         a[b][0][0] = w.x & m, a[b][0][1] = (w.x >> 4) & m;
         a[b][0][2] = w.y & m, a[b][0][3] = (w.y >> 4) & m;
         a[b][1][0] = w.z & m, a[b][1][1] = (w.z >> 4) & m;
@@ -619,7 +607,7 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
     // (addresses stay below 2^18, so the 14-bit field takes the sum without a carry); the upper word
     // is constant.
     const uint32_t slot_lo =  // uniform registers (above)
-        __shfl_sync(0xFFFFFFFFu, act_desc_lo + static_cast<uint32_t>((slot * T::kActSlotBytes + group_row * 128) >> 4), 0);
+        __shfl_sync(0xFFFFFFFFu, act_desc_lo + static_cast<uint32_t>(slot * T::kActSlotBytes >> 4), 0);
     // One chain of m64 × N products, then added to the fp32 sums: N is `width` (128-row tiles: up to
     // n128, the tensor cores' best rate on A from registers), so that a partly filled chunk (an expert's
     // last, or one of fewer rows than the tile) costs the tensor cores only its rows. Accumulators past
@@ -684,11 +672,7 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
       // 1024 3195.5, 3197.9 / 3338.8, 3341.5; Mixtral 128 355.8, 352.6 / 358.9, 365.6; equal at 64, 256.
       constexpr bool kNarrow = kRows >= 64 && kProbe == kNoProbe && (kRows > 64 || NIBBLE_MOE_NARROW_64);
       const int live_rows = p.narrow_chains ? compute.rows - compute.chunk * kRows : kRows;
-      if constexpr (kSplitRows) {  // a warpgroup with no live rows skips its chain (a warp vote: uniform)
-        if (__all_sync(0xFFFFFFFFu, live_rows > group_row)) chain(std::integral_constant<int, 32>{});
-      } else {
-        with_width<kRows, (kNarrow ? 32 : kRows)>(live_rows, chain);
-      }
+      with_width<kRows, (kNarrow ? 32 : kRows)>(live_rows, chain);
       if constexpr (kJoinedSums) {
 #pragma unroll
         for (int j = 0; j < kAcc; ++j) acc[j] += d[j];
@@ -726,7 +710,7 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
           }
       }
       ptx::named_barrier_sync(1, kConsumers);
-      const int tile = compute.group * kTiles + warp_tile;
+      const int tile = compute.group * kWarps + warp;
       if (kMma && tile < tiles) {
         // This warp's tile summed over the four warps' K blocks. Accumulator j of row tile nt: channel
         // g (j < 2) or g + 8, row 8·nt + 2q + j % 2.
@@ -783,7 +767,7 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
 #pragma unroll
           for (int j = 0; j < kAcc; ++j) {
             if (j & 2) continue;
-            const int row = group_row + (j / 4) * 8 + 2 * q + (j & 1);
+            const int row = (j / 4) * 8 + 2 * q + (j & 1);
             const bool live = compute.chunk * kRows + row < compute.rows;
             const float gate = value(j, row, c16), up = value(j + 2, row, c16 + 8);
             const float h = activate(p.glu_activation, 0.0f + gate) * (0.0f + up);
@@ -801,7 +785,7 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
           float* out = p.out + (compute.split * p.max_rows + first_row) * p.n;
 #pragma unroll
           for (int j = 0; j < kAcc; ++j) {
-            const int row = group_row + (j / 4) * 8 + 2 * q + (j & 1);
+            const int row = (j / 4) * 8 + 2 * q + (j & 1);
             const int64_t channel = tile * 16 + g + ((j & 2) ? 8 : 0);
             if (compute.chunk * kRows + row >= compute.rows) continue;
             out[row * p.n + channel] = value(j, row, channel);
@@ -871,7 +855,7 @@ void launch(const GemmW4A8Args& p, cudaStream_t stream) {
   auto* kernel = kernel_for<kTokenTiles, kFp8, kGroups, kMma>();
   const int resident = resident_blocks<kTokenTiles, kFp8, kGroups, kMma>();
   allow_dynamic_smem(reinterpret_cast<const void*>(kernel), kSmem);  // a probe's kernel
-  const int64_t groups = (p.n / 16 + T::kTiles - 1) / T::kTiles;
+  const int64_t groups = (p.n / 16 + T::kWarps - 1) / T::kWarps;
   const int64_t units = p.expert_slots * groups * p.splits;
   const auto grid = static_cast<unsigned>(grid_for(units, int64_t{multiprocessor_count()} * resident).blocks);
   static const int prefetch_stages = env_or("NIBBLE_MOE_PREFETCH_STAGES", kPrefetchStages);
@@ -913,19 +897,10 @@ int token_tiles_for(int64_t rows, int64_t expert_slots, int max_tile_rows = 0) {
 }
 
 // Consumer warpgroups for a problem of N channels in tiles of `token_tiles` 8-row tiles (INT4 wgmma).
-// The 64-row tiles' two split the rows (Tile::kSplitRows), the others' the channels. The 64-row tiles
-// take two where NIBBLE_MOE_SPLIT_ROWS_64=1 (an experiment) or NIBBLE_MOE_CONSUMER_GROUPS=2.
 int consumer_groups(int64_t n, int token_tiles) {
   static const int forced = std::clamp(env_or("NIBBLE_MOE_CONSUMER_GROUPS", 0), 0, 2);
-  static const bool split_rows_64 = env_or("NIBBLE_MOE_SPLIT_ROWS_64", 0) != 0;
   if (forced > 0) return forced;
-  if (token_tiles == 8) return split_rows_64 ? 2 : 1;
   return (token_tiles == 2 && n >= kTwoGroupsMinN) || token_tiles == 16 ? 2 : 1;
-}
-
-// 16-channel weight tiles a block takes at once (INT4 wgmma): four a warpgroup that splits the channels.
-int block_tiles(int64_t n, int token_tiles) {
-  return token_tiles == 8 ? 4 : 4 * consumer_groups(n, token_tiles);
 }
 
 // NIBBLE_MOE_MATH: "mma" or "wgmma" (measurements: bench/RESULTS.md).
@@ -963,7 +938,7 @@ void launch_tiles(const GemmW4A8Args& p, cudaStream_t stream) {
 int64_t choose_k_splits(int64_t n, int64_t k, int64_t expert_slots, int64_t rows, int num_sms) {
   const int64_t kblocks = k / kGemmKBlock;
   const int token_tiles = token_tiles_for(rows, expert_slots);
-  const int64_t warps = block_tiles(n, token_tiles);
+  const int64_t warps = 4 * consumer_groups(n, token_tiles);
   const int64_t pairs = expert_slots * ((n / 16 + warps - 1) / warps);  // (expert, a block's channels)
   static const int units_per_sm = env_or("NIBBLE_MOE_UNITS_PER_SM", kUnitsPerSm);
   const int64_t most = std::max<int64_t>(1, kblocks / kBlocksPerStage);
