@@ -144,19 +144,6 @@ constexpr int kMmaMaxTokenTiles = 0;
 #ifndef NIBBLE_MOE_TURNS
 #define NIBBLE_MOE_TURNS 1
 #endif
-// The pipeline's barrier waits (ptx.cuh: mbarrier_wait_at): a suspend hint of this many ns, 0 the
-// system's limit, -1 a spin on test_wait; an experiment builds another (-DNIBBLE_MOE_WAIT_NS=-1).
-#ifndef NIBBLE_MOE_WAIT_NS
-#define NIBBLE_MOE_WAIT_NS NIBBLE_MBARRIER_SUSPEND_NS
-#endif
-constexpr long long kWaitNs = NIBBLE_MOE_WAIT_NS;
-// The wgmma tiles' weight scales of a chunk asked for as its last stage starts, as the early sums are
-// (an experiment: -DNIBBLE_MOE_EARLY_WSCALE=1); else loaded in the write-out, whose products then
-// wait for them (the thirty-sixth session's warp-stall samples of the 64-row tiles: 3.5% of all on
-// the two multiplies by the scale).
-#ifndef NIBBLE_MOE_EARLY_WSCALE
-#define NIBBLE_MOE_EARLY_WSCALE 0
-#endif
 
 // The narrowest wgmma chain a chunk of `rows` live rows takes (GemmW4A8Args::narrow_chains): f is
 // called with std::integral_constant<int, N> for the least multiple N of kStep that holds them (kMax at
@@ -388,7 +375,7 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
       int chunk_rows = 0;
       for (int step = 0; walk.valid(load); ++step) {
         const int slot = step % kStages;
-        if (step >= kStages) ptx::mbarrier_wait<kWaitNs>(&sm.empty[slot], ((step / kStages) - 1) & 1);
+        if (step >= kStages) ptx::mbarrier_wait(&sm.empty[slot], ((step / kStages) - 1) & 1);
         if (load.stage == 0) {
           const int r = load.chunk * kRows + lane;
           const int64_t pos = load.row_begin + r;
@@ -415,7 +402,7 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
       const bool acts = !(p.leave_out & kActivations);
       for (int step = 0; walk.valid(load); ++step) {
         const int slot = step % kStages;
-        if (step >= kStages) ptx::mbarrier_wait<kWaitNs>(&sm.empty[slot], ((step / kStages) - 1) & 1);
+        if (step >= kStages) ptx::mbarrier_wait(&sm.empty[slot], ((step / kStages) - 1) & 1);
         if (step >= early) copy_weights(load, slot);
         if (lane == 0) {
           ptx::mbarrier_arrive_expect_tx(&sm.full[slot], acts ? T::kActSlotBytes : 0);
@@ -463,9 +450,6 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
   constexpr int kEarlySums = kMma || kFp8 || kRows < 64 || (kRows == 64 && !NIBBLE_MOE_EARLY_SUMS_64) ? 0 : 64 / kThreadsPerRow;
   [[maybe_unused]] float early_sums[kEarlySums > 0 ? kEarlySums : 1];
   [[maybe_unused]] float early_scale = 0.0f;
-  // The scales of this thread's two channels, g and g + 8 of its warp's tile (NIBBLE_MOE_EARLY_WSCALE).
-  constexpr bool kEarlyWscale = NIBBLE_MOE_EARLY_WSCALE && !kMma;
-  [[maybe_unused]] float wscale_lo = 0.0f, wscale_hi = 0.0f;
   auto act_row_of = [&](const Cursor& c) -> int64_t {
     const int r = c.chunk * kRows + rr;
     const int64_t pos = c.row_begin + r;
@@ -506,7 +490,7 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
   constexpr bool kSumsFma = NIBBLE_MOE_SUMS_FMA && !kMma && !kJoinedSums && kProbe != kProbeNoTensor;
   while (walk.valid(compute)) {
     if (++slot == kStages) slot = 0, parity ^= 1;
-    auto wait_full = [&] { ptx::mbarrier_wait_at<kWaitNs>(full0 + 8 * slot, parity); };
+    auto wait_full = [&] { ptx::mbarrier_wait_at(full0 + 8 * slot, parity); };
     auto release = [&] { ptx::mbarrier_arrive_at(empty0 + 8 * slot); };
     if constexpr (kEarlySums > 0) {
       if (compute.stage == compute.stages - 1) {
@@ -518,14 +502,6 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
           early_sums[i] = act_row >= 0 && kb < compute.kb_count ? __ldg(sums + kb) : 0.0f;
         }
         early_scale = act_row >= 0 ? __ldg(p.act_scale + act_row) : 0.0f;
-      }
-    }
-    if constexpr (kEarlyWscale) {
-      const int tile = compute.group * kWarps + warp;
-      if (compute.stage == compute.stages - 1 && tile < tiles) {
-        const float* ws = p.weight_scale + static_cast<int64_t>(compute.expert) * p.n + tile * 16 + g;
-        wscale_lo = __ldg(ws);
-        wscale_hi = __ldg(ws + 8);
       }
     }
     wait_full();
@@ -754,7 +730,7 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
       const int64_t first_row = compute.row_begin + compute.chunk * kRows;
       auto value = [&](int j, int row, int64_t channel) {
         const float dot = kFp8 ? acc[j] : acc[j] * 512.0f - 8.0f * sm.token_sum[row];
-        return dot * sm.token_scale[row] * (kEarlyWscale ? ((j & 2) ? wscale_hi : wscale_lo) : wscale[channel]);
+        return dot * sm.token_scale[row] * wscale[channel];
       };
       if (!kMma && tile < tiles) {
         if (p.glu) {

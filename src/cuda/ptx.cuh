@@ -46,36 +46,26 @@ __device__ inline void mbarrier_expect_tx(uint64_t* bar, uint32_t bytes) {
 #ifndef NIBBLE_MBARRIER_SUSPEND_NS
 #define NIBBLE_MBARRIER_SUSPEND_NS 10000000
 #endif
-// kSuspendNs < 0: a spin on mbarrier.test_wait, which never suspends (an experiment's choice).
-// `bar` given as its shared-memory address, or (mbarrier_wait, below) a pointer.
-template <long long kSuspendNs = NIBBLE_MBARRIER_SUSPEND_NS>
+__device__ inline void mbarrier_wait_at(uint32_t bar, uint32_t parity);
+__device__ inline void mbarrier_wait(uint64_t* bar, uint32_t parity) { mbarrier_wait_at(smem_address(bar), parity); }
+// The same, `bar` given as its shared-memory address.
 __device__ inline void mbarrier_wait_at(uint32_t bar, uint32_t parity) {
   uint32_t done = 0;
   while (!done) {
-    if constexpr (kSuspendNs > 0) {
+    if constexpr (NIBBLE_MBARRIER_SUSPEND_NS > 0) {
       asm volatile(
           "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2, %3;\nselp.u32 %0, 1, 0, p;\n}\n"
           : "=r"(done)
-          : "r"(bar), "r"(parity), "r"(static_cast<uint32_t>(kSuspendNs))
+          : "r"(bar), "r"(parity), "r"(static_cast<uint32_t>(NIBBLE_MBARRIER_SUSPEND_NS))
           : "memory");
-    } else if constexpr (kSuspendNs == 0) {
+    } else {
       asm volatile(
           "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
           : "=r"(done)
           : "r"(bar), "r"(parity)
           : "memory");
-    } else {
-      asm volatile(
-          "{\n.reg .pred p;\nmbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-          : "=r"(done)
-          : "r"(bar), "r"(parity)
-          : "memory");
     }
   }
-}
-template <long long kSuspendNs = NIBBLE_MBARRIER_SUSPEND_NS>
-__device__ inline void mbarrier_wait(uint64_t* bar, uint32_t parity) {
-  mbarrier_wait_at<kSuspendNs>(smem_address(bar), parity);
 }
 // Arrives on `bar` (one of its expected arrivals), given as its shared-memory address or a pointer.
 __device__ inline void mbarrier_arrive_at(uint32_t bar) {
