@@ -144,7 +144,7 @@ constexpr int kMmaMaxTokenTiles = 0;
 #ifndef NIBBLE_MOE_TURNS
 #define NIBBLE_MOE_TURNS 1
 #endif
-// Slots of the activations' own ring in the wgmma tiles of 32 rows and more (Tile::kSplitRings); 0
+// Slots of the activations' own ring in the INT4 wgmma tiles of 32 rows and more (Tile::kSplitRings); 0
 // keeps one ring of stages holding both (an experiment builds -DNIBBLE_MOE_ACT_STAGES=2).
 #ifndef NIBBLE_MOE_ACT_STAGES
 #define NIBBLE_MOE_ACT_STAGES 0
@@ -204,7 +204,8 @@ struct Tile {
   // stage's latency under load is microseconds): with one ring the 64- and 128-row tiles keep 64 KB of
   // weights an SM in flight, the 8- and 16-row tiles (80-89% of copy) 160 KB, their activations being
   // a third of their slots' bytes, not two thirds.
-  static constexpr bool kSplitRings = !kMma && kTokenTiles >= 4 && NIBBLE_MOE_ACT_STAGES > 0;
+  // (INT4 only: with split rings ptxas serialized the FP8 64-row tiles' wgmmas, C7511.)
+  static constexpr bool kSplitRings = !kMma && !kFp8 && kTokenTiles >= 4 && NIBBLE_MOE_ACT_STAGES > 0;
   static constexpr int kWeightStageBytes = kBlocksPerStage * kWarps * kWarpBlockBytes;
   static constexpr int kShare = 220 * 1024 / kMinBlocks - 2048 - (kMma ? kReduceSlots * 16 : 0);
   static constexpr int kActStagesSplit = kSplitRings ? NIBBLE_MOE_ACT_STAGES : 1;
