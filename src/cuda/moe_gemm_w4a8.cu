@@ -149,6 +149,10 @@ constexpr int kMmaMaxTokenTiles = 0;
 #ifndef NIBBLE_MOE_ACT_STAGES
 #define NIBBLE_MOE_ACT_STAGES 0
 #endif
+// The smallest tiles (in 8-row tiles) that take split rings (-DNIBBLE_MOE_ACT_RINGS_FROM=1: every wgmma tile).
+#ifndef NIBBLE_MOE_ACT_RINGS_FROM
+#define NIBBLE_MOE_ACT_RINGS_FROM 4
+#endif
 
 // The narrowest wgmma chain a chunk of `rows` live rows takes (GemmW4A8Args::narrow_chains): f is
 // called with std::integral_constant<int, N> for the least multiple N of kStep that holds them (kMax at
@@ -205,7 +209,8 @@ struct Tile {
   // weights an SM in flight, the 8- and 16-row tiles (80-89% of copy) 160 KB, their activations being
   // a third of their slots' bytes, not two thirds.
   // (INT4 only: with split rings ptxas serialized the FP8 64-row tiles' wgmmas, C7511.)
-  static constexpr bool kSplitRings = !kMma && !kFp8 && kTokenTiles >= 4 && NIBBLE_MOE_ACT_STAGES > 0;
+  static constexpr bool kSplitRings =
+      !kMma && !kFp8 && kTokenTiles >= NIBBLE_MOE_ACT_RINGS_FROM && NIBBLE_MOE_ACT_STAGES > 0;
   static constexpr int kWeightStageBytes = kBlocksPerStage * kWarps * kWarpBlockBytes;
   static constexpr int kShare = 220 * 1024 / kMinBlocks - 2048 - (kMma ? kReduceSlots * 16 : 0);
   static constexpr int kActStagesSplit = kSplitRings ? NIBBLE_MOE_ACT_STAGES : 1;
