@@ -899,6 +899,10 @@ template <int kTokenTiles, bool kFp8, int kGroups, bool kMma = false>
 void launch(const GemmW4A8Args& p, cudaStream_t stream) {
   using T = Tile<kTokenTiles, kFp8, kGroups, kMma>;
   constexpr int kSmem = kSmemBytes<kTokenTiles, kFp8, kGroups, kMma>;
+  // The blocks an INT4 tile's stages were sized for fit an SM's 228 KB (each with 1 KB the system
+  // keeps): else the occupancy below would hold fewer, and the weights in flight would shrink unseen.
+  // (The FP8 16-row tiles take their least 3 stages and run 3 blocks an SM, not 4.)
+  static_assert(kFp8 || T::kMinBlocks * (kSmem + 1024) <= 228 * 1024, "MoE GEMM tile: its stages do not fit its blocks");
   auto* kernel = kernel_for<kTokenTiles, kFp8, kGroups, kMma>();
   const int resident = resident_blocks<kTokenTiles, kFp8, kGroups, kMma>();
   allow_dynamic_smem(reinterpret_cast<const void*>(kernel), kSmem);  // a probe's kernel
