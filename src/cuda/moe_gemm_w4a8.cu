@@ -209,13 +209,14 @@ struct Tile {
   // shared memory allows.
   static constexpr int kMinBlocks = kGroups == 1 ? (kTokenTiles <= 2 ? NIBBLE_MOE_BLOCKS_1G : kTokenTiles == 4 ? 3 : NIBBLE_MOE_BLOCKS_1G_64)
                                                  : (kTokenTiles <= 2 ? NIBBLE_MOE_BLOCKS_2G : 1);
-  // Split rings (NIBBLE_MOE_ACT_STAGES > 0; wgmma tiles of 32 rows and more): the activations, L2
-  // hits, in kActStages slots of their own, and the weights, which stream from HBM, in as many as the
-  // rest of the block's share holds (kStages). Bytes in flight from HBM bound the weights' rate (a
-  // stage's latency under load is microseconds): with one ring the 64- and 128-row tiles keep 64 KB of
-  // weights an SM in flight, the 8- and 16-row tiles (80-89% of copy) 160 KB, their activations being
-  // a third of their slots' bytes, not two thirds.
-  // (INT4 only: with split rings ptxas serialized the FP8 64-row tiles' wgmmas, C7511.)
+  // Split rings (NIBBLE_MOE_ACT_STAGES > 0; INT4 wgmma tiles from NIBBLE_MOE_ACT_RINGS_FROM 8-row
+  // tiles, 32 rows unless told): the activations, L2 hits, in kActStages slots of their own, and the
+  // weights, which stream from HBM, in as many as the rest of the block's share holds (kStages). The
+  // reading behind it (bench/RESULTS.md, thirty-seventh session; not yet measured): the bytes in
+  // flight from HBM bound the weights' rate, and with one ring the 64- and 128-row tiles keep 64 KB of
+  // weights an SM in flight, two thirds of their slots being activations, where the 8- and 16-row
+  // tiles (80-89% of copy) keep 160 KB. (INT4 only: with split rings ptxas serialized the FP8 64-row
+  // tiles' wgmmas, C7511.)
   static constexpr bool kSplitRings =
       !kMma && !kFp8 && kTokenTiles >= NIBBLE_MOE_ACT_RINGS_FROM && NIBBLE_MOE_ACT_STAGES > 0;
   static constexpr int kWeightStageBytes = kBlocksPerStage * kWarps * kWarpBlockBytes;
@@ -343,7 +344,8 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
   };
 
   // The producer's weight copies of a cursor's stage into `slot`, one bulk copy a consumer warp's tile;
-  // the slot's `full` barrier expects their bytes (its producer arrival comes with the activations).
+  // the slot's `full` barrier expects their bytes (its producer arrival comes with the activations, or,
+  // split rings, with these copies).
   auto copy_weights = [&](const Cursor& c, int slot) {
     const int first = c.kb_begin + c.stage * kBlocksPerStage;
     const int nkb = min(kBlocksPerStage, c.kb_begin + c.kb_count - first);
