@@ -64,8 +64,7 @@ __device__ inline float block_amax(float amax, float* warp_amax) {
   return amax;
 }
 
-// Where a row's codes are also stored: rows rows[j], j < count, of `codes` (`cols` bytes a row);
-// rows null: rows 0 .. count - 1.
+// Where a row's codes are also stored: rows rows[j], j < count, of `codes` (`cols` bytes a row).
 struct CodeCopies {
   uint8_t* codes = nullptr;
   const int32_t* rows = nullptr;
@@ -92,10 +91,9 @@ __device__ inline void store_units_fp8(const float (&v)[kUnits][8], int64_t unit
         sum += __half2float(__half(__nv_cvt_fp8_to_halfraw(q, __NV_E4M3)));
       }
       *reinterpret_cast<uint2*>(codes + unit * 8) = make_uint2(packed[0], packed[1]);
-      for (int64_t j = 0; j < copies.count; ++j) {
-        const int64_t row = copies.rows != nullptr ? copies.rows[j] : j;
-        *reinterpret_cast<uint2*>(copies.codes + row * copies.cols + unit * 8) = make_uint2(packed[0], packed[1]);
-      }
+      for (int64_t j = 0; j < copies.count; ++j)
+        *reinterpret_cast<uint2*>(copies.codes + copies.rows[j] * copies.cols + unit * 8) =
+            make_uint2(packed[0], packed[1]);
     }
     if (sums != nullptr) {  // every lane shuffles; units come in whole 64-blocks (cols % 64 == 0)
       for (int o = 4; o > 0; o /= 2) sum += __shfl_xor_sync(0xFFFFFFFFu, sum, o);
@@ -107,11 +105,9 @@ __device__ inline void store_units_fp8(const float (&v)[kUnits][8], int64_t unit
 // Row `src` of BF16 x (cols % 64 == 0) quantized by one block (its threads a multiple of 32) into
 // codes, *scale_out (max(amax, 1e-12) / 448) and the 64-block sums, the values of quantize_rows_kernel
 // (moe_quantize.cu) bit for bit: the row is read twice, for its amax and then for the codes (the
-// second read hits L1), rather than held in registers, so any row length takes one loop. The codes
-// also go to `copies` (cols as the row's).
+// second read hits L1), rather than held in registers, so any row length takes one loop.
 __device__ inline void quantize_bf16_row_fp8(const void* x, int64_t src, int64_t cols, uint8_t* codes,
-                                             float* scale_out, float* sums, float* warp_amax,
-                                             CodeCopies copies = {}) {
+                                             float* scale_out, float* sums, float* warp_amax) {
   const auto* row = reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(x) + src * cols);
   const int64_t units = cols / 8, steps = (units + blockDim.x - 1) / blockDim.x;
   float amax = 0.0f;
@@ -127,8 +123,7 @@ __device__ inline void quantize_bf16_row_fp8(const void* x, int64_t src, int64_t
     float v[1][8] = {};
     if (unit < units) unpack8(row[unit], v[0]);
     store_units_fp8<1>(v, units - step * blockDim.x, scale, codes + step * blockDim.x * 8,
-                       sums != nullptr ? sums + step * blockDim.x / 8 : nullptr, copies);
-    copies.codes += copies.count > 0 ? blockDim.x * 8 : 0;
+                       sums != nullptr ? sums + step * blockDim.x / 8 : nullptr);
   }
   if (threadIdx.x == 0) *scale_out = scale;
 }

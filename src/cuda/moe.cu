@@ -73,16 +73,6 @@ bool tensor_router_logits() {
   return on;
 }
 
-// NIBBLE_MOE_LONE_QUANTIZE=route: a lone token's x to FP8, routed copies included, inside the routing
-// launch where gate_up reads x in routed order (its K copies are sorted rows 0 .. K - 1 whatever the
-// experts), so one launch fewer a layer at batch 1, the routing then being gate_up's last launch
-// rather than two back; unset or kernel, in quantize_rows_fp8's own launch after the routing (an A/B,
-// not yet measured).
-bool lone_token_quantize_in_route() {
-  static const bool on = env_choice("NIBBLE_MOE_LONE_QUANTIZE", {"kernel", "route"}) == "route";
-  return on;
-}
-
 // The prefill path synchronizes with the host, so a CUDA graph (decode) always keeps the decode path.
 bool takes_prefill_path(MoePath path, int64_t tokens, int64_t top_k, int64_t experts, cudaStream_t stream) {
   if (path == MoePath::kAuto && decode_path_forced()) return false;
@@ -203,9 +193,7 @@ void moe_w4a8(const Tensor& x, const MoeWeightsW4A8& w, const MoeParams& params,
                                   .sums = ws.x_sums.data<float>(), .rows = T, .cols = H,
                                   .sorted_codes = sorted ? ws.x_sorted.data<uint8_t>() : nullptr,
                                   .row_pos = ws.row_pos.data<int32_t>(), .top_k = K};
-  if (sorted && T == 1 && lone_token_quantize_in_route()) {
-    routed_last = route_and_group(route, group, stream, &quantize);
-  } else if (sorted) {
+  if (sorted) {
     route_and_group(route, group, stream);
     quantize_rows_fp8(quantize, stream);
   } else {

@@ -397,12 +397,8 @@ __global__ void __launch_bounds__(kWarps * 32) route_topk_group_kernel(const __g
   const QuantizeRowsArgs& q = a.quantize;
   for (int64_t i = blockIdx.y; q.codes != nullptr && i < kTok && t0 + i < p.tokens; i += gridDim.y) {
     const int64_t t = t0 + i;  // the whole block: token t's row to FP8
-    // A lone token's routed copies (q.sorted_codes): its top_k pairs take sorted rows 0 .. top_k - 1,
-    // whichever experts they go to.
     quantize_bf16_row_fp8(q.x, t, q.cols, q.codes + t * q.cols, q.scale + t,
-                          q.sums != nullptr ? q.sums + t * (q.cols / kRowBlock) : nullptr, warp_amax,
-                          CodeCopies{.codes = q.sorted_codes, .count = q.sorted_codes != nullptr ? q.top_k : 0,
-                                     .cols = q.cols});
+                          q.sums != nullptr ? q.sums + t * (q.cols / kRowBlock) : nullptr, warp_amax);
     __syncthreads();  // warp_amax read by every thread before the next row's
   }
   uint32_t* done = a.group.blocks_done;
@@ -507,11 +503,8 @@ bool route_and_group(const RouteArgs& route, const GroupArgs& group, cudaStream_
   const RouteKernel setting = route_kernel_setting();
   const bool takes_counted = route.tokens > 0 && counted && (!fits_cluster || setting != RouteKernel::kCluster);
   if (quantize != nullptr) {
-    // Routed copies only of a lone token (their rows are known before the grouping).
-    const bool copies_fit = quantize->sorted_codes == nullptr ||
-                            (route.tokens == 1 && quantize->top_k == route.top_k && quantize->row_pos == group.row_pos);
     check(quantize->x == route.x && quantize->rows == route.tokens && quantize->cols == route.hidden &&
-              quantize->static_scale == 0.0f && quantize->src_row == nullptr && copies_fit &&
+              quantize->static_scale == 0.0f && quantize->src_row == nullptr && quantize->sorted_codes == nullptr &&
               quantize->amax_out == nullptr && quantize->amax_in == nullptr && route.hidden % kRowBlock == 0,
           "route_and_group: a quantization it cannot fuse");
     if (!takes_counted || !quantize_in_route()) {

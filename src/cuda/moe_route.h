@@ -61,11 +61,10 @@ void group_by_expert(const GroupArgs& args, cudaStream_t stream);
 
 // route_topk then group_by_expert (group.topk_ids = route.topk_ids), with the same logits, top-k,
 // weights and rows bit for bit in one launch for few tokens (tokens × experts <= 32) and, given
-// group.blocks_done, for up to 1024 tokens. Given `quantize` (x's rows, dynamic scales, no gather or
-// tensor parallelism, routed copies only of a lone token: quantize->row_pos = group.row_pos),
-// quantize_rows_fp8(*quantize) too: inside that launch for up to 1024 tokens (one launch fewer a
-// layer; NIBBLE_MOE_QUANTIZE=kernel keeps it apart), else after it. Returns whether the quantization
-// was inside: then the routing is the last launch before the caller's next, not two back.
+// group.blocks_done, for up to 1024 tokens. Given `quantize` (x's rows, dynamic scales, no gather,
+// copies or tensor parallelism), quantize_rows_fp8(*quantize) too: inside that launch for up to 1024
+// tokens (one launch fewer a layer; NIBBLE_MOE_QUANTIZE=kernel keeps it apart), else after it. Returns whether the quantization was inside: then the routing is the last
+// launch before the caller's next, not two back.
 bool route_and_group(const RouteArgs& route, const GroupArgs& group, cudaStream_t stream,
                      const QuantizeRowsArgs* quantize = nullptr);
 

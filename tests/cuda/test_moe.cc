@@ -737,9 +737,8 @@ TEST(QuantizeRows, MatchesCpuTwin) {
 }
 
 // route_and_group given x's quantization: inside the routing launch (up to 1024 tokens: one block a
-// token for 8 experts, tiles of tokens and experts for more) or after it (1100 tokens), the codes,
-// scales and 64-block sums of quantize_rows_fp8 (a lone token's routed copies too) and the routing of
-// route_and_group alone, bit for bit; row lengths of 1, 2, 3 and several units a thread.
+// token for 8 experts, tiles of tokens and experts for more) or after it (1100 tokens), the codes, scales and 64-block sums of quantize_rows_fp8 and the
+// routing of route_and_group alone, bit for bit; row lengths of 1, 2, 3 and several units a thread.
 TEST(RouteAndGroup, QuantizesLikeQuantizeRows) {
   SKIP_WITHOUT_GPU();
   struct Case {
@@ -753,14 +752,12 @@ TEST(RouteAndGroup, QuantizesLikeQuantizeRows) {
     const Tensor x = cuda::upload(to_bf16(random_f32({T, H}, 33, 3.0f)));
     const Tensor router = cuda::upload(to_bf16(random_f32({E, H}, 34, 0.05f)));
     Tensor done = cuda::upload(Tensor::zeros(DType::kI32, {cuda::kRouteCounters}));
-    // A lone token's routed copies too (sorted rows 0 .. K - 1, written before the grouping).
-    const bool copies = T == 1;
     struct Out {
-      Tensor ids, pos, codes, scale, sums, sorted_codes;
+      Tensor ids, pos, codes, scale, sums;
     };
     auto run = [&](bool fused) {
       Out o{poisoned(DType::kI32, {T, K}), poisoned(DType::kI32, {T * K}), poisoned(DType::kU8, {T, H}),
-            poisoned(DType::kF32, {T}), poisoned(DType::kF32, {T, H / 64}), poisoned(DType::kU8, {T * K, H})};
+            poisoned(DType::kF32, {T}), poisoned(DType::kF32, {T, H / 64})};
       Tensor logits = poisoned(DType::kF32, {T, E}), weights = poisoned(DType::kF32, {T, K});
       Tensor offsets = poisoned(DType::kI32, {E + 1}), active = poisoned(DType::kI32, {E + 1});
       Tensor sorted = poisoned(DType::kI32, {T * K});
@@ -773,17 +770,15 @@ TEST(RouteAndGroup, QuantizesLikeQuantizeRows) {
                               .row_pos = o.pos.data<int32_t>(), .tokens = T, .experts = E, .top_k = K,
                               .blocks_done = reinterpret_cast<uint32_t*>(done.data<int32_t>())};
       const cuda::QuantizeRowsArgs q{.x = x.raw(), .codes = o.codes.data<uint8_t>(), .scale = o.scale.data<float>(),
-                                     .sums = o.sums.data<float>(), .rows = T, .cols = H,
-                                     .sorted_codes = copies ? o.sorted_codes.data<uint8_t>() : nullptr,
-                                     .row_pos = o.pos.data<int32_t>(), .top_k = K};
+                                     .sums = o.sums.data<float>(), .rows = T, .cols = H};
       if (fused) {
         EXPECT_EQ(cuda::route_and_group(r, g, nullptr, &q), c.inside) << "H " << H << " T " << T;
       } else {
         cuda::route_and_group(r, g, nullptr);
         cuda::quantize_rows_fp8(q, nullptr);
       }
-      return Out{cuda::download(o.ids),   cuda::download(o.pos),  cuda::download(o.codes),
-                 cuda::download(o.scale), cuda::download(o.sums), cuda::download(o.sorted_codes)};
+      return Out{cuda::download(o.ids), cuda::download(o.pos), cuda::download(o.codes), cuda::download(o.scale),
+                 cuda::download(o.sums)};
     };
     const Out got = run(true), want = run(false);
     auto same = [](const Tensor& a, const Tensor& b) { return std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0; };
@@ -792,9 +787,6 @@ TEST(RouteAndGroup, QuantizesLikeQuantizeRows) {
     EXPECT_TRUE(same(got.codes, want.codes)) << "codes, H " << H << " T " << T;
     EXPECT_TRUE(same(got.scale, want.scale)) << "scales, H " << H << " T " << T;
     EXPECT_TRUE(same(got.sums, want.sums)) << "sums, H " << H << " T " << T;
-    if (copies) {
-      EXPECT_TRUE(same(got.sorted_codes, want.sorted_codes)) << "routed copies, H " << H << " E " << E;
-    }
   }
 }
 
