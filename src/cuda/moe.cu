@@ -186,7 +186,11 @@ void moe_w4a8(const Tensor& x, const MoeWeightsW4A8& w, const MoeParams& params,
     return moe_prefill(x, w, params, ws, out, stream);
   }
   // x to FP8 for gate_up. Its wgmma tiles read x in routed order, which the routing must settle first;
-  // its mma.sync tiles read through sorted_tokens, so the routing launch can quantize too.
+  // its mma.sync tiles read through sorted_tokens, so the routing launch can quantize too. A lone
+  // token's routed copies inside the routing launch (its K rows are sorted rows 0 .. K - 1 before the
+  // grouping) were slower, the routing then being gate_up's last launch, so gate_up's weights waited
+  // for it: measured on an H100 (bench/RESULTS.md, thirty-eighth session, the layer at one token, µs),
+  // Mixtral 81.7, 81.5 against 80.7, 80.6, DeepSeek-V3 104.6, 104.4 against 99.6, 99.4.
   const bool sorted = moe_gemm_w4a8_reads_sorted(w.format, rows, slots);
   bool routed_last = false;  // the routing is the launch just before gate_up's, not two back
   const QuantizeRowsArgs quantize{.x = x.raw(), .codes = ws.x_fp8.data<uint8_t>(), .scale = ws.x_scale.data<float>(),
