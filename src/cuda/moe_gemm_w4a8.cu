@@ -149,13 +149,6 @@ constexpr int kMmaMaxTokenTiles = 0;
 #ifndef NIBBLE_MOE_ACT_STAGES
 #define NIBBLE_MOE_ACT_STAGES 0
 #endif
-// The wgmma tiles' weight scales of a chunk asked for as its last stage starts, as the early sums are
-// (an experiment: -DNIBBLE_MOE_EARLY_WSCALE=1); else loaded in the write-out, whose products then wait
-// for them (3.5% of the 64-row tiles' warp-stall samples). No change with one ring (thirty-seventh
-// session), where the consumers waited for bytes; worth measuring again with split rings.
-#ifndef NIBBLE_MOE_EARLY_WSCALE
-#define NIBBLE_MOE_EARLY_WSCALE 0
-#endif
 // The smallest tiles (in 8-row tiles) that take split rings (-DNIBBLE_MOE_ACT_RINGS_FROM=1: every wgmma tile).
 #ifndef NIBBLE_MOE_ACT_RINGS_FROM
 #define NIBBLE_MOE_ACT_RINGS_FROM 4
@@ -209,14 +202,13 @@ struct Tile {
   // shared memory allows.
   static constexpr int kMinBlocks = kGroups == 1 ? (kTokenTiles <= 2 ? NIBBLE_MOE_BLOCKS_1G : kTokenTiles == 4 ? 3 : NIBBLE_MOE_BLOCKS_1G_64)
                                                  : (kTokenTiles <= 2 ? NIBBLE_MOE_BLOCKS_2G : 1);
-  // Split rings (NIBBLE_MOE_ACT_STAGES > 0; INT4 wgmma tiles from NIBBLE_MOE_ACT_RINGS_FROM 8-row
-  // tiles, 32 rows unless told): the activations, L2 hits, in kActStages slots of their own, and the
-  // weights, which stream from HBM, in as many as the rest of the block's share holds (kStages). The
-  // reading behind it (bench/RESULTS.md, thirty-seventh session; not yet measured): the bytes in
-  // flight from HBM bound the weights' rate, and with one ring the 64- and 128-row tiles keep 64 KB of
-  // weights an SM in flight, two thirds of their slots being activations, where the 8- and 16-row
-  // tiles (80-89% of copy) keep 160 KB. (INT4 only: with split rings ptxas serialized the FP8 64-row
-  // tiles' wgmmas, C7511.)
+  // Split rings (NIBBLE_MOE_ACT_STAGES > 0; wgmma tiles of 32 rows and more): the activations, L2
+  // hits, in kActStages slots of their own, and the weights, which stream from HBM, in as many as the
+  // rest of the block's share holds (kStages). Bytes in flight from HBM bound the weights' rate (a
+  // stage's latency under load is microseconds): with one ring the 64- and 128-row tiles keep 64 KB of
+  // weights an SM in flight, the 8- and 16-row tiles (80-89% of copy) 160 KB, their activations being
+  // a third of their slots' bytes, not two thirds.
+  // (INT4 only: with split rings ptxas serialized the FP8 64-row tiles' wgmmas, C7511.)
   static constexpr bool kSplitRings =
       !kMma && !kFp8 && kTokenTiles >= NIBBLE_MOE_ACT_RINGS_FROM && NIBBLE_MOE_ACT_STAGES > 0;
   static constexpr int kWeightStageBytes = kBlocksPerStage * kWarps * kWarpBlockBytes;
@@ -344,8 +336,7 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
   };
 
   // The producer's weight copies of a cursor's stage into `slot`, one bulk copy a consumer warp's tile;
-  // the slot's `full` barrier expects their bytes (its producer arrival comes with the activations, or,
-  // split rings, with these copies).
+  // the slot's `full` barrier expects their bytes (its producer arrival comes with the activations).
   auto copy_weights = [&](const Cursor& c, int slot) {
     const int first = c.kb_begin + c.stage * kBlocksPerStage;
     const int nkb = min(kBlocksPerStage, c.kb_begin + c.kb_count - first);
@@ -512,9 +503,6 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
   constexpr int kEarlySums = kMma || kFp8 || kRows < 64 || (kRows == 64 && !NIBBLE_MOE_EARLY_SUMS_64) ? 0 : 64 / kThreadsPerRow;
   [[maybe_unused]] float early_sums[kEarlySums > 0 ? kEarlySums : 1];
   [[maybe_unused]] float early_scale = 0.0f;
-  // The scales of this thread's two channels, g and g + 8 of its warp's tile (NIBBLE_MOE_EARLY_WSCALE).
-  constexpr bool kEarlyWscale = NIBBLE_MOE_EARLY_WSCALE && !kMma;
-  [[maybe_unused]] float wscale_lo = 0.0f, wscale_hi = 0.0f;
   auto act_row_of = [&](const Cursor& c) -> int64_t {
     const int r = c.chunk * kRows + rr;
     const int64_t pos = c.row_begin + r;
@@ -585,14 +573,6 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
           early_sums[i] = act_row >= 0 && kb < compute.kb_count ? __ldg(sums + kb) : 0.0f;
         }
         early_scale = act_row >= 0 ? __ldg(p.act_scale + act_row) : 0.0f;
-      }
-    }
-    if constexpr (kEarlyWscale) {
-      const int tile = compute.group * kWarps + warp;
-      if (compute.stage == compute.stages - 1 && tile < tiles) {
-        const float* ws = p.weight_scale + static_cast<int64_t>(compute.expert) * p.n + tile * 16 + g;
-        wscale_lo = __ldg(ws);
-        wscale_hi = __ldg(ws + 8);
       }
     }
     wait_full();
@@ -821,7 +801,7 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
       const int64_t first_row = compute.row_begin + compute.chunk * kRows;
       auto value = [&](int j, int row, int64_t channel) {
         const float dot = kFp8 ? acc[j] : acc[j] * 512.0f - 8.0f * sm.token_sum[row];
-        return dot * sm.token_scale[row] * (kEarlyWscale ? ((j & 2) ? wscale_hi : wscale_lo) : wscale[channel]);
+        return dot * sm.token_scale[row] * wscale[channel];
       };
       if (!kMma && tile < tiles) {
         if (p.glu) {
