@@ -1,0 +1,199 @@
+// The MoE decode GEMM's 64-row stage built up from its chain, one piece at a time, to find where a
+// block's stage goes from the chain's cycles (bench/probe_chain_rate.cu) to the real kernel's (about
+// 730 SM cycles with no copies, about 1000 with them: bench/RESULTS.md, thirty-seventh session).
+// Each level adds one piece of moe_gemm_w4a8.cu's INT4 64-row tiles to the one before:
+//   0  the chain alone: eight wgmma m64nNk32 e4m3 (A from registers, new masks of a changing word each
+//      stage; B from the stage's 128-byte-swizzled activation slot), committed, waited for, its sums
+//      added to fp32 registers;
+//   1  + the ring's hand-offs: a producer warp waits for a free slot and arrives on its `full`
+//      barrier (no bytes), the consumers wait for it and each warp's lane 0 arrives on `empty`;
+//   2  + A from the slot's weights in shared memory (four 16-byte loads a lane and the nibble masks);
+//   3  + the weights' bulk copies from HBM (four 2 KB copies a stage, a 1 GiB buffer streamed);
+//   4  + the activations' 16 KB a stage from L2 (a small buffer, one bulk copy).
+// Blocks of one consumer warpgroup and a producer warp, four stages of 8 KB of weights and 16 KB of
+// activations, at one and two blocks an SM, as the kernel's 64-row tiles. Not part of the build (a
+// measurement tool):
+//   nvcc -O3 -std=c++20 -gencode=arch=compute_90a,code=sm_90a -Isrc bench/probe_stage_rate.cu -o /tmp/probe_stage
+//   /tmp/probe_stage
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstdio>
+
+#include "cuda/ptx.cuh"
+#include "cuda/wgmma.cuh"
+
+namespace {
+
+namespace wg = nibble::cuda::wgmma;
+namespace ptx = nibble::cuda::ptx;
+
+constexpr int kIters = 1024, kStages = 4, kConsumers = 128, kThreads = kConsumers + 32;
+constexpr int kRows = 64, kHalfBytes = kRows * 128, kActBytes = 2 * kHalfBytes;
+constexpr int kWarpBytes = 4 * 32 * 16;  // a warp's four K blocks of 16 channels
+constexpr int kWeightBytes = 4 * kWarpBytes, kStageBytes = kWeightBytes + kActBytes;
+constexpr int kSmemBytes = kStages * kStageBytes + 1024;
+constexpr int64_t kStreamBytes = int64_t{1} << 30;  // the weights' HBM buffer
+constexpr int kActBufferBytes = 1 << 20;            // the activations' L2-resident buffer
+
+struct Barriers {
+  uint64_t full[kStages];
+  uint64_t empty[kStages];
+};
+
+template <int kLevel, int N>
+__global__ void __launch_bounds__(kThreads) stage_rate(const uint8_t* weights, const uint8_t* acts,
+                                                      long long* cycles, float* sink) {
+  extern __shared__ uint8_t raw[];
+  __shared__ Barriers bars;
+  const uint32_t misalign = static_cast<uint32_t>(__cvta_generic_to_shared(raw)) & 1023;
+  uint8_t* stages = raw + ((1024 - misalign) & 1023);
+  const int warp = static_cast<int>(threadIdx.x / 32), lane = static_cast<int>(threadIdx.x % 32);
+  for (int i = threadIdx.x; i < kStages * kStageBytes; i += blockDim.x) stages[i] = static_cast<uint8_t>(i * 7);
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      ptx::mbarrier_init(&bars.full[s], 1);
+      ptx::mbarrier_init(&bars.empty[s], kConsumers / 32);
+    }
+    ptx::fence_mbarrier_init();
+  }
+  __syncthreads();
+  wg::fence_proxy_async();
+  __syncthreads();
+
+  if (warp == kConsumers / 32) {  // the producer
+    if (kLevel == 0 || lane != 0) return;
+    const int64_t stream_stages = kStreamBytes / kWeightBytes;
+    for (int it = 0; it < kIters; ++it) {
+      const int slot = it % kStages;
+      if (it >= kStages) ptx::mbarrier_wait(&bars.empty[slot], ((it / kStages) - 1) & 1);
+      uint8_t* stage = stages + slot * kStageBytes;
+      if constexpr (kLevel >= 3) {
+        ptx::mbarrier_arrive_expect_tx(&bars.full[slot], kWeightBytes + (kLevel >= 4 ? kActBytes : 0));
+        const int64_t at = ((int64_t{blockIdx.x} * kIters + it) % stream_stages) * kWeightBytes;
+        for (int w = 0; w < 4; ++w)
+          ptx::bulk_copy_to_shared(stage + w * kWarpBytes, weights + at + w * kWarpBytes, kWarpBytes, &bars.full[slot]);
+        if constexpr (kLevel >= 4) {
+          const int at_act = ((blockIdx.x * 7 + it) * kActBytes) % kActBufferBytes;
+          ptx::bulk_copy_to_shared(stage + kWeightBytes, acts + at_act, kActBytes, &bars.full[slot]);
+        }
+      } else {
+        ptx::mbarrier_arrive(&bars.full[slot]);
+      }
+    }
+    return;
+  }
+
+  const uint64_t desc = wg::descriptor_sw128(stages + kWeightBytes);
+  const auto desc_lo = static_cast<uint32_t>(desc);
+  const uint64_t desc_hi = desc & 0xFFFFFFFF00000000ull;
+  uint32_t word = threadIdx.x * 0x01010101u;
+  float acc[N / 2] = {};
+  float d[N / 2];
+  const long long start = clock64();
+  for (int it = 0; it < kIters; ++it) {
+    const int slot = it % kStages;
+    if constexpr (kLevel >= 1) ptx::mbarrier_wait(&bars.full[slot], (it / kStages) & 1);
+    uint32_t a[4][2][4];
+    const uint32_t m = 0x0F0F0F0Fu;
+    if constexpr (kLevel >= 2) {  // as the kernel: low nibbles rows g, high g + 8
+      const auto* w = reinterpret_cast<const uint4*>(stages + slot * kStageBytes + warp * kWarpBytes);
+#pragma unroll
+      for (int b = 0; b < 4; ++b) {
+        const uint4 v = w[b * 32 + lane];
+        a[b][0][0] = v.x & m, a[b][0][1] = (v.x >> 4) & m, a[b][0][2] = v.y & m, a[b][0][3] = (v.y >> 4) & m;
+        a[b][1][0] = v.z & m, a[b][1][1] = (v.z >> 4) & m, a[b][1][2] = v.w & m, a[b][1][3] = (v.w >> 4) & m;
+      }
+    } else {
+      word = word * 1664525u + 1013904223u;
+#pragma unroll
+      for (int b = 0; b < 4; ++b)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) a[b][h][i] = ((word ^ (b * 8 + h * 4 + i)) >> (4 * (i & 1))) & m;
+    }
+    wg::fence();
+#pragma unroll
+    for (int b = 0; b < 4; ++b) {
+      const uint32_t lo = desc_lo + ((slot * kStageBytes + (b / 2) * kHalfBytes + (b % 2) * 64) >> 4);
+      wg::WgmmaE4m3<N>::mma(d, a[b][0], desc_hi | lo, b);
+      wg::WgmmaE4m3<N>::mma(d, a[b][1], desc_hi | (lo + 2), 1);
+    }
+    wg::commit();
+    wg::wait<0>();
+#pragma unroll
+    for (int j = 0; j < N / 2; ++j) acc[j] += d[j];
+    if (kLevel >= 1 && lane == 0) ptx::mbarrier_arrive(&bars.empty[slot]);
+  }
+  const long long stop = clock64();
+  if (threadIdx.x == 0) cycles[blockIdx.x] = stop - start;
+  float s = 0;
+#pragma unroll
+  for (int j = 0; j < N / 2; ++j) s += acc[j];
+  sink[blockIdx.x * blockDim.x + threadIdx.x] = s;
+}
+
+template <int kLevel, int N>
+void report(const uint8_t* weights, const uint8_t* acts, int blocks_per_sm) {
+  auto* kernel = stage_rate<kLevel, N>;
+  cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+  int sms = 0;
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
+  const int blocks = sms * blocks_per_sm;
+  long long* cycles;
+  float* sink;
+  cudaMalloc(&cycles, blocks * sizeof(long long));
+  cudaMalloc(&sink, blocks * kThreads * sizeof(float));
+  cudaEvent_t begin, end;
+  cudaEventCreate(&begin);
+  cudaEventCreate(&end);
+  kernel<<<blocks, kThreads, kSmemBytes>>>(weights, acts, cycles, sink);  // warm up
+  cudaEventRecord(begin);
+  kernel<<<blocks, kThreads, kSmemBytes>>>(weights, acts, cycles, sink);
+  cudaEventRecord(end);
+  cudaEventSynchronize(end);
+  float ms = 0;
+  cudaEventElapsedTime(&ms, begin, end);
+  long long host[2 * 256];
+  cudaMemcpy(host, cycles, blocks * sizeof(long long), cudaMemcpyDeviceToHost);
+  long long most = 0;
+  for (int i = 0; i < blocks; ++i) most = host[i] > most ? host[i] : most;
+  const double per_stage = static_cast<double>(most) / kIters;  // a block's stage, wall cycles
+  const double weight_gbs = static_cast<double>(blocks) * kIters * kWeightBytes / (ms * 1e6);
+  std::printf("level %d n%-3d %d blocks/SM: %7.1f cycles a block's stage, %7.1f SM cycles a stage; %.1f us, "
+              "weights %.0f GB/s if copied (%s)\n",
+              kLevel, N, blocks_per_sm, per_stage, per_stage / blocks_per_sm, ms * 1e3, weight_gbs,
+              cudaGetErrorString(cudaGetLastError()));
+  cudaEventDestroy(begin);
+  cudaEventDestroy(end);
+  cudaFree(cycles);
+  cudaFree(sink);
+}
+
+template <int N>
+void report_levels(const uint8_t* weights, const uint8_t* acts) {
+  for (int bps : {1, 2}) {
+    report<0, N>(weights, acts, bps);
+    report<1, N>(weights, acts, bps);
+    report<2, N>(weights, acts, bps);
+    report<3, N>(weights, acts, bps);
+    report<4, N>(weights, acts, bps);
+  }
+}
+
+}  // namespace
+
+int main() {
+  uint8_t* weights;
+  uint8_t* acts;
+  cudaMalloc(&weights, kStreamBytes);
+  cudaMalloc(&acts, kActBufferBytes);
+  cudaMemset(weights, 0x35, kStreamBytes);
+  cudaMemset(acts, 0x21, kActBufferBytes);
+  report_levels<32>(weights, acts);
+  report_levels<64>(weights, acts);
+  cudaFree(weights);
+  cudaFree(acts);
+  return 0;
+}
