@@ -14,6 +14,7 @@
 #include <cstdio>
 
 #include "cuda/wgmma.cuh"
+#include "probe_blocks.cuh"
 
 namespace {
 
@@ -48,15 +49,7 @@ __global__ void __launch_bounds__(128) chain_rate(long long* cycles, float* sink
   const long long start = clock64();
   for (int it = 0; it < kIters; ++it) {
     const int slot = it % kSlots;
-    if constexpr (kVaryA) {
-      word = word * 1664525u + 1013904223u;
-#pragma unroll
-      for (int b = 0; b < 4; ++b)
-#pragma unroll
-        for (int h = 0; h < 2; ++h)
-#pragma unroll
-          for (int i = 0; i < 4; ++i) a[b][h][i] = ((word ^ (b * 8 + h * 4 + i)) >> (4 * (i & 1))) & 0x0F0F0F0Fu;
-    }
+    if constexpr (kVaryA) nibble::probe::next_a_fragments(word, a);
     wg::fence();
 #pragma unroll
     for (int b = 0; b < 4; ++b) {
@@ -69,37 +62,16 @@ __global__ void __launch_bounds__(128) chain_rate(long long* cycles, float* sink
 #pragma unroll
     for (int j = 0; j < N / 2; ++j) acc[j] += d[j];
   }
-  const long long stop = clock64();
-  if (threadIdx.x == 0) cycles[blockIdx.x] = stop - start;
-  float s = 0;
-#pragma unroll
-  for (int j = 0; j < N / 2; ++j) s += acc[j];
-  sink[blockIdx.x * blockDim.x + threadIdx.x] = s;
+  nibble::probe::finish_block(start, acc, cycles, sink);
 }
 
 template <int N, bool kSwizzled, bool kVaryA>
 void report(int blocks_per_sm) {
-  auto* kernel = chain_rate<N, kSwizzled, kVaryA>;
-  cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
-  int sms = 0;
-  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
-  const int blocks = sms * blocks_per_sm;
-  long long* cycles;
-  float* sink;
-  cudaMalloc(&cycles, blocks * sizeof(long long));
-  cudaMalloc(&sink, blocks * 128 * sizeof(float));
-  kernel<<<blocks, 128, kSmemBytes>>>(cycles, sink);  // warm up
-  kernel<<<blocks, 128, kSmemBytes>>>(cycles, sink);
-  long long host[3 * 256];
-  cudaMemcpy(host, cycles, blocks * sizeof(long long), cudaMemcpyDeviceToHost);
-  long long most = 0;
-  for (int i = 0; i < blocks; ++i) most = host[i] > most ? host[i] : most;
-  const double per_chain = static_cast<double>(most) / kIters;  // a block's chain, wall cycles
+  const auto t = nibble::probe::time_blocks(chain_rate<N, kSwizzled, kVaryA>, blocks_per_sm, 128, kSmemBytes);
+  const double per_chain = static_cast<double>(t.most_cycles) / kIters;  // a block's chain, wall cycles
   std::printf("n%-3d %-10s %-8s %d blocks/SM: %7.1f cycles a block's chain, %7.1f SM cycles a chain (%s)\n", N,
               kSwizzled ? "sw128" : "one-tile", kVaryA ? "new A" : "same A", blocks_per_sm, per_chain,
               per_chain / blocks_per_sm, cudaGetErrorString(cudaGetLastError()));
-  cudaFree(cycles);
-  cudaFree(sink);
 }
 
 template <int N>

@@ -22,6 +22,7 @@
 
 #include "cuda/ptx.cuh"
 #include "cuda/wgmma.cuh"
+#include "probe_blocks.cuh"
 
 namespace {
 
@@ -105,13 +106,7 @@ __global__ void __launch_bounds__(kThreads) stage_rate(const uint8_t* weights, c
         a[b][1][0] = v.z & m, a[b][1][1] = (v.z >> 4) & m, a[b][1][2] = v.w & m, a[b][1][3] = (v.w >> 4) & m;
       }
     } else {
-      word = word * 1664525u + 1013904223u;
-#pragma unroll
-      for (int b = 0; b < 4; ++b)
-#pragma unroll
-        for (int h = 0; h < 2; ++h)
-#pragma unroll
-          for (int i = 0; i < 4; ++i) a[b][h][i] = ((word ^ (b * 8 + h * 4 + i)) >> (4 * (i & 1))) & m;
+      nibble::probe::next_a_fragments(word, a);
     }
     wg::fence();
 #pragma unroll
@@ -126,49 +121,20 @@ __global__ void __launch_bounds__(kThreads) stage_rate(const uint8_t* weights, c
     for (int j = 0; j < N / 2; ++j) acc[j] += d[j];
     if (kLevel >= 1 && lane == 0) ptx::mbarrier_arrive(&bars.empty[slot]);
   }
-  const long long stop = clock64();
-  if (threadIdx.x == 0) cycles[blockIdx.x] = stop - start;
-  float s = 0;
-#pragma unroll
-  for (int j = 0; j < N / 2; ++j) s += acc[j];
-  sink[blockIdx.x * blockDim.x + threadIdx.x] = s;
+  nibble::probe::finish_block(start, acc, cycles, sink);
 }
 
 template <int kLevel, int N>
 void report(const uint8_t* weights, const uint8_t* acts, int blocks_per_sm) {
-  auto* kernel = stage_rate<kLevel, N>;
-  cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+  const auto t = nibble::probe::time_blocks(stage_rate<kLevel, N>, blocks_per_sm, kThreads, kSmemBytes, weights, acts);
   int sms = 0;
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
-  const int blocks = sms * blocks_per_sm;
-  long long* cycles;
-  float* sink;
-  cudaMalloc(&cycles, blocks * sizeof(long long));
-  cudaMalloc(&sink, blocks * kThreads * sizeof(float));
-  cudaEvent_t begin, end;
-  cudaEventCreate(&begin);
-  cudaEventCreate(&end);
-  kernel<<<blocks, kThreads, kSmemBytes>>>(weights, acts, cycles, sink);  // warm up
-  cudaEventRecord(begin);
-  kernel<<<blocks, kThreads, kSmemBytes>>>(weights, acts, cycles, sink);
-  cudaEventRecord(end);
-  cudaEventSynchronize(end);
-  float ms = 0;
-  cudaEventElapsedTime(&ms, begin, end);
-  long long host[2 * 256];
-  cudaMemcpy(host, cycles, blocks * sizeof(long long), cudaMemcpyDeviceToHost);
-  long long most = 0;
-  for (int i = 0; i < blocks; ++i) most = host[i] > most ? host[i] : most;
-  const double per_stage = static_cast<double>(most) / kIters;  // a block's stage, wall cycles
-  const double weight_gbs = static_cast<double>(blocks) * kIters * kWeightBytes / (ms * 1e6);
+  const double per_stage = static_cast<double>(t.most_cycles) / kIters;  // a block's stage, wall cycles
+  const double weight_gbs = static_cast<double>(sms) * blocks_per_sm * kIters * kWeightBytes / (t.ms * 1e6);
   std::printf("level %d n%-3d %d blocks/SM: %7.1f cycles a block's stage, %7.1f SM cycles a stage; %.1f us, "
               "weights %.0f GB/s if copied (%s)\n",
-              kLevel, N, blocks_per_sm, per_stage, per_stage / blocks_per_sm, ms * 1e3, weight_gbs,
+              kLevel, N, blocks_per_sm, per_stage, per_stage / blocks_per_sm, t.ms * 1e3, weight_gbs,
               cudaGetErrorString(cudaGetLastError()));
-  cudaEventDestroy(begin);
-  cudaEventDestroy(end);
-  cudaFree(cycles);
-  cudaFree(sink);
 }
 
 template <int N>
