@@ -153,8 +153,10 @@ void report_levels(const uint8_t* weights, const uint8_t* acts) {
 int main() {
   uint8_t* weights;
   uint8_t* acts;
-  cudaMalloc(&weights, kStreamBytes);
-  cudaMalloc(&acts, kActBufferBytes);
+  if (cudaMalloc(&weights, kStreamBytes) != cudaSuccess || cudaMalloc(&acts, kActBufferBytes) != cudaSuccess) {
+    std::fprintf(stderr, "probe_stage_rate: %s\n", cudaGetErrorString(cudaGetLastError()));
+    return 1;
+  }
   cudaMemset(weights, 0x35, kStreamBytes);
   cudaMemset(acts, 0x21, kActBufferBytes);
   report_levels<32>(weights, acts);
