@@ -9,7 +9,13 @@
 //      barrier (no bytes), the consumers wait for it and each warp's lane 0 arrives on `empty`;
 //   2  + A from the slot's weights in shared memory (four 16-byte loads a lane and the nibble masks);
 //   3  + the weights' bulk copies from HBM (four 2 KB copies a stage, a 1 GiB buffer streamed);
-//   4  + the activations' 16 KB a stage from L2 (a small buffer, one bulk copy).
+//   4  + the activations' 16 KB a stage from L2 (a small buffer, one bulk copy);
+//   5  + the chain's width chosen every stage by a warp vote, n32 or n64 (both compiled, the sums added
+//      inside each branch, as the kernel's narrow chains), chunks of 16 stages (Mixtral's gate_up K)
+//      of 40 rows (n64) five times in eight, else 28 (n32);
+//   6  + the chunk's write-out at its last stage: a named barrier, each row's sum and scale through
+//      shared memory, the gated activation of the 32 sums to global memory, the sums zeroed.
+// Levels 5 and 6 run at n64 only (their widest chain).
 // Blocks of one consumer warpgroup and a producer warp, four stages of 8 KB of weights and 16 KB of
 // activations, at one and two blocks an SM, as the kernel's 64-row tiles. Not part of the build (a
 // measurement tool):
@@ -19,6 +25,7 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <type_traits>
 
 #include "cuda/ptx.cuh"
 #include "cuda/wgmma.cuh"
@@ -36,15 +43,24 @@ constexpr int kWeightBytes = 4 * kWarpBytes, kStageBytes = kWeightBytes + kActBy
 constexpr int kSmemBytes = kStages * kStageBytes + 1024;
 constexpr int64_t kStreamBytes = int64_t{1} << 30;  // the weights' HBM buffer
 constexpr int kActBufferBytes = 1 << 20;            // the activations' L2-resident buffer
+constexpr int kChunkStages = 16;                     // levels 5-6: a chunk's stages (K 4096)
+constexpr int kOutFloats = 64 * 32;                  // level 6: a block's gated outputs, 64 rows × 32 channels
 
 struct Barriers {
   uint64_t full[kStages];
   uint64_t empty[kStages];
+  float token_sum[kRows];
+  float token_scale[kRows];
 };
+
+// Level 5 onwards: a chunk's live rows (the same in every lane).
+__device__ inline int chunk_rows(int it) { return (it / kChunkStages) % 8 < 5 ? 40 : 28; }
 
 template <int kLevel, int N>
 __global__ void __launch_bounds__(kThreads) stage_rate(const uint8_t* weights, const uint8_t* acts,
-                                                      long long* cycles, float* sink) {
+                                                      const float* wscale, float* out, long long* cycles,
+                                                      float* sink) {
+  static_assert(kLevel < 5 || N == 64, "levels 5 and 6 choose n32 or n64 chains");
   extern __shared__ uint8_t raw[];
   __shared__ Barriers bars;
   const uint32_t misalign = static_cast<uint32_t>(__cvta_generic_to_shared(raw)) & 1023;
@@ -108,25 +124,66 @@ __global__ void __launch_bounds__(kThreads) stage_rate(const uint8_t* weights, c
     } else {
       nibble::probe::next_a_fragments(word, a);
     }
-    wg::fence();
+    auto chain = [&](auto width) {
+      constexpr int kN = decltype(width)::value;
+      float(&dn)[kN / 2] = *reinterpret_cast<float(*)[kN / 2]>(&d[0]);
+      wg::fence();
 #pragma unroll
-    for (int b = 0; b < 4; ++b) {
-      const uint32_t lo = desc_lo + ((slot * kStageBytes + (b / 2) * kHalfBytes + (b % 2) * 64) >> 4);
-      wg::WgmmaE4m3<N>::mma(d, a[b][0], desc_hi | lo, b);
-      wg::WgmmaE4m3<N>::mma(d, a[b][1], desc_hi | (lo + 2), 1);
+      for (int b = 0; b < 4; ++b) {
+        const uint32_t lo = desc_lo + ((slot * kStageBytes + (b / 2) * kHalfBytes + (b % 2) * 64) >> 4);
+        wg::WgmmaE4m3<kN>::mma(dn, a[b][0], desc_hi | lo, b);
+        wg::WgmmaE4m3<kN>::mma(dn, a[b][1], desc_hi | (lo + 2), 1);
+      }
+      wg::commit();
+      wg::wait<0>();
+#pragma unroll
+      for (int j = 0; j < kN / 2; ++j) acc[j] += dn[j];
+    };
+    if constexpr (kLevel >= 5) {
+      if (__all_sync(0xFFFFFFFFu, chunk_rows(it) <= 32))
+        chain(std::integral_constant<int, 32>{});
+      else
+        chain(std::integral_constant<int, 64>{});
+    } else {
+      chain(std::integral_constant<int, N>{});
     }
-    wg::commit();
-    wg::wait<0>();
-#pragma unroll
-    for (int j = 0; j < N / 2; ++j) acc[j] += d[j];
     if (kLevel >= 1 && lane == 0) ptx::mbarrier_arrive(&bars.empty[slot]);
+    if constexpr (kLevel >= 6) {
+      if (it % kChunkStages == kChunkStages - 1) {  // as the kernel's glu write-out of 64-row tiles
+        const int rr = threadIdx.x / 2;
+        const float sum = __shfl_xor_sync(0xFFFFFFFFu, acc[0] * 0.25f, 1);
+        ptx::named_barrier_sync(1, kConsumers);
+        if (threadIdx.x % 2 == 0) {
+          bars.token_sum[rr] = sum;
+          bars.token_scale[rr] = 1.0f / (1 + rr);
+        }
+        ptx::named_barrier_sync(1, kConsumers);
+        const int g = lane >> 2, q = lane & 3, rows = chunk_rows(it);
+        float* block_out = out + blockIdx.x * kOutFloats;
+#pragma unroll
+        for (int j = 0; j < N / 2; ++j) {
+          if (j & 2) continue;
+          const int row = (j / 4) * 8 + 2 * q + (j & 1);
+          const int c16 = warp * 16 + g;
+          auto value = [&](int k, int channel) {
+            return (acc[k] * 512.0f - 8.0f * bars.token_sum[row]) * bars.token_scale[row] * __ldg(wscale + channel);
+          };
+          const float gate = value(j, c16), up = value(j + 2, c16 + 8);
+          const float h = gate / (1.0f + __expf(-gate)) * up;
+          if (row < rows) block_out[row * 32 + warp * 8 + g] = h;
+        }
+#pragma unroll
+        for (int j = 0; j < N / 2; ++j) acc[j] = 0.0f;
+      }
+    }
   }
   nibble::probe::finish_block(start, acc, cycles, sink);
 }
 
 template <int kLevel, int N>
-void report(const uint8_t* weights, const uint8_t* acts, int blocks_per_sm) {
-  const auto t = nibble::probe::time_blocks(stage_rate<kLevel, N>, blocks_per_sm, kThreads, kSmemBytes, weights, acts);
+void report(const uint8_t* weights, const uint8_t* acts, const float* wscale, float* out, int blocks_per_sm) {
+  const auto t = nibble::probe::time_blocks(stage_rate<kLevel, N>, blocks_per_sm, kThreads, kSmemBytes, weights, acts,
+                                            wscale, out);
   int sms = 0;
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
   const double per_stage = static_cast<double>(t.most_cycles) / kIters;  // a block's stage, wall cycles
@@ -138,13 +195,17 @@ void report(const uint8_t* weights, const uint8_t* acts, int blocks_per_sm) {
 }
 
 template <int N>
-void report_levels(const uint8_t* weights, const uint8_t* acts) {
+void report_levels(const uint8_t* weights, const uint8_t* acts, const float* wscale, float* out) {
   for (int bps : {1, 2}) {
-    report<0, N>(weights, acts, bps);
-    report<1, N>(weights, acts, bps);
-    report<2, N>(weights, acts, bps);
-    report<3, N>(weights, acts, bps);
-    report<4, N>(weights, acts, bps);
+    report<0, N>(weights, acts, wscale, out, bps);
+    report<1, N>(weights, acts, wscale, out, bps);
+    report<2, N>(weights, acts, wscale, out, bps);
+    report<3, N>(weights, acts, wscale, out, bps);
+    report<4, N>(weights, acts, wscale, out, bps);
+    if constexpr (N == 64) {
+      report<5, N>(weights, acts, wscale, out, bps);
+      report<6, N>(weights, acts, wscale, out, bps);
+    }
   }
 }
 
@@ -153,15 +214,22 @@ void report_levels(const uint8_t* weights, const uint8_t* acts) {
 int main() {
   uint8_t* weights;
   uint8_t* acts;
-  if (cudaMalloc(&weights, kStreamBytes) != cudaSuccess || cudaMalloc(&acts, kActBufferBytes) != cudaSuccess) {
+  float* wscale;
+  float* out;
+  if (cudaMalloc(&weights, kStreamBytes) != cudaSuccess || cudaMalloc(&acts, kActBufferBytes) != cudaSuccess ||
+      cudaMalloc(&wscale, 64 * sizeof(float)) != cudaSuccess ||
+      cudaMalloc(&out, size_t{1024} * kOutFloats * sizeof(float)) != cudaSuccess) {
     std::fprintf(stderr, "probe_stage_rate: %s\n", cudaGetErrorString(cudaGetLastError()));
     return 1;
   }
   cudaMemset(weights, 0x35, kStreamBytes);
   cudaMemset(acts, 0x21, kActBufferBytes);
-  report_levels<32>(weights, acts);
-  report_levels<64>(weights, acts);
+  cudaMemset(wscale, 0, 64 * sizeof(float));
+  report_levels<32>(weights, acts, wscale, out);
+  report_levels<64>(weights, acts, wscale, out);
   cudaFree(weights);
   cudaFree(acts);
+  cudaFree(wscale);
+  cudaFree(out);
   return 0;
 }
