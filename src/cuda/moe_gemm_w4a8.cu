@@ -133,14 +133,6 @@ constexpr int kMmaMaxTokenTiles = 0;
 #ifndef NIBBLE_MOE_NARROW_64
 #define NIBBLE_MOE_NARROW_64 1
 #endif
-#ifndef NIBBLE_MOE_JOINED_SUMS
-#define NIBBLE_MOE_JOINED_SUMS 0
-#endif
-// The sums reset by FMA at a chunk's first stage (below, kSumsFma); an experiment builds it with
-// -DNIBBLE_MOE_SUMS_FMA=1.
-#ifndef NIBBLE_MOE_SUMS_FMA
-#define NIBBLE_MOE_SUMS_FMA 0
-#endif
 #ifndef NIBBLE_MOE_TURNS
 #define NIBBLE_MOE_TURNS 1
 #endif
@@ -447,12 +439,6 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
   walk.published = kSlotUnits;  // the producer resolved its own cursors above
   walk.resolve(compute, p);
   float acc[kAcc] = {};
-  // Narrow chains of 64-row tiles (NIBBLE_MOE_JOINED_SUMS, an experiment): the chain's sums kept in
-  // one array across the chunk's stages and added to acc after the widths' branches join, every
-  // accumulator each stage (those past the chunk's width stay zero), so that both widths keep acc and
-  // the sums in the same registers; added inside each branch, ptxas moves them between the two.
-  constexpr bool kJoinedSums = NIBBLE_MOE_JOINED_SUMS && !kMma && kRows == 64 && kProbe == kNoProbe;
-  [[maybe_unused]] float d_chunk[kAcc];
   [[maybe_unused]] const uint64_t act_desc = wgmma::descriptor_sw128(&sm.act[0][0]);
   [[maybe_unused]] const auto act_desc_lo = static_cast<uint32_t>(act_desc);
   [[maybe_unused]] const uint64_t act_desc_hi = act_desc & 0xFFFFFFFF00000000ull;  // swizzle, 8-row stride
@@ -497,17 +483,13 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
   const uint32_t empty0 = __shfl_sync(0xFFFFFFFFu, ptx::smem_address(&sm.empty[0]), 0);
   int slot = kStages - 1;
   uint32_t parity = 1;
-  // Sums reset by FMA (NIBBLE_MOE_SUMS_FMA; an experiment): each stage's chain sums go into acc as
-  // acc · keep + d, keep 0 at a chunk's first stage, instead of acc being zeroed after the chunk's
-  // write-out. With the zeroing there, ptxas adds a stage's sums into new registers and moves them
-  // back every stage (the 64-row tiles: 48 moves of the stage's 275 instructions a warp, thirty-sixth
-  // session's ncu source counters; the 128-row tiles 64, the 16-row tiles 8); with the FMA, none. For
-  // finite activations the sums are finite (a product is at most 448 · 15 · 2^-9), so 0 · acc is 0
-  // and the results are the same bits; a NaN in one row's activations, though, would stay in its
-  // accumulators and carry into the same row position of the block's next chunks (other tokens),
-  // where the zeroing stops it: to be closed (NaN codes kept out of the quantized activations, say)
-  // before this could be the default.
-  constexpr bool kSumsFma = NIBBLE_MOE_SUMS_FMA && !kMma && !kJoinedSums && kProbe != kProbeNoTensor;
+  // The chain's sums go into acc with an add and acc is zeroed after the chunk's write-out; ptxas then
+  // adds a stage's sums into new registers and moves them back (48 of the 64-row tiles' 275
+  // instructions a stage). Resetting acc by an FMA at a chunk's first stage instead (acc · 0 + d) kept
+  // them in place and measured the same on an H100 (bench/RESULTS.md, thirty-seventh session: Mixtral
+  // 128 tokens 363.9, 361.0 / 364.3, 362.1 µs; Grok-1 tp 2 128 580.4, 579.6 / 577.9, 576.4), and would
+  // carry a NaN row into the block's next chunks; so did adding the sums once the two chain widths'
+  // branches join.
   while (walk.valid(compute)) {
     if (++slot == kStages) slot = 0, parity ^= 1;
     auto wait_full = [&] { ptx::mbarrier_wait_at(full0 + 8 * slot, parity); };
@@ -606,8 +588,6 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
         a[b][1][2] = w.w & m, a[b][1][3] = (w.w >> 4) & m;
       }
     }
-    [[maybe_unused]] float keep;
-    if constexpr (kSumsFma) keep = compute.stage == 0 ? 0.0f : 1.0f;
     // The activations' descriptors: slot 0's address field moved to this slot, K block and K step
     // (addresses stay below 2^18, so the 14-bit field takes the sum without a carry); the upper word
     // is constant.
@@ -616,16 +596,9 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
     // One chain of m64 × N products, then added to the fp32 sums: N is `width` (128-row tiles: up to
     // n128, the tensor cores' best rate on A from registers), so that a partly filled chunk (an expert's
     // last, or one of fewer rows than the tile) costs the tensor cores only its rows. Accumulators past
-    // N stay zero (a chunk's width is the same at every stage; with kSumsFma they keep an earlier
-    // chunk's sums); rows past the chunk's are never written.
-    float d_stage[kAcc];
-    float(&d)[kAcc] = kJoinedSums ? d_chunk : d_stage;
-    if constexpr (kJoinedSums) {
-      if (compute.stage == 0) {  // the chunk's width leaves the sums past it zero at every stage
-#pragma unroll
-        for (int j = 0; j < kAcc; ++j) d[j] = 0.0f;
-      }
-    }
+    // N stay zero (a chunk's width is the same at every stage); rows past the chunk's are never
+    // written.
+    float d[kAcc];
     if constexpr (kProbe == kProbeNoTensor) {  // the operands folded into d instead
 #pragma unroll
       for (int j = 0; j < kAcc; ++j) d[j] = __uint_as_float(a[j % kBlocksPerStage][j % 2][j % 4] ^ a[3][1][j % 4]);
@@ -659,13 +632,8 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
         wgmma::commit();
         if constexpr (turns) ptx::named_barrier_arrive(2 + (group_in_block ^ 1), kConsumers);
         wgmma::wait<0>();
-        if constexpr (kSumsFma) {
 #pragma unroll
-          for (int j = 0; j < kN / 2; ++j) acc[j] = fmaf(acc[j], keep, dn[j]);
-        } else if constexpr (!kJoinedSums) {
-#pragma unroll
-          for (int j = 0; j < kN / 2; ++j) acc[j] += dn[j];
-        }
+        for (int j = 0; j < kN / 2; ++j) acc[j] += dn[j];
       };
       // The chain's width (tiles of 64 and 128 rows, with narrow chains): the narrowest multiple of 32
       // rows (the narrowest wgmma at the tensor cores' full rate, bench/probe_tensor_rate.cu) that holds
@@ -678,10 +646,6 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
       constexpr bool kNarrow = kRows >= 64 && kProbe == kNoProbe && (kRows > 64 || NIBBLE_MOE_NARROW_64);
       const int live_rows = p.narrow_chains ? compute.rows - compute.chunk * kRows : kRows;
       with_width<kRows, (kNarrow ? 32 : kRows)>(live_rows, chain);
-      if constexpr (kJoinedSums) {
-#pragma unroll
-        for (int j = 0; j < kAcc; ++j) acc[j] += d[j];
-      }
     }
     if (lane == 0) release();  // this warp is done reading the slot
     }
@@ -800,10 +764,8 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
           }
         }
       }
-      if constexpr (!kSumsFma) {
 #pragma unroll
-        for (int j = 0; j < kAcc; ++j) acc[j] = 0.0f;
-      }
+      for (int j = 0; j < kAcc; ++j) acc[j] = 0.0f;
     }
     walk.advance(compute, p);
   }
