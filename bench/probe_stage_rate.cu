@@ -14,8 +14,10 @@
 //      inside each branch, as the kernel's narrow chains), chunks of 16 stages (Mixtral's gate_up K)
 //      of 40 rows (n64) five times in eight, else 28 (n32);
 //   6  + the chunk's write-out at its last stage: a named barrier, each row's sum and scale through
-//      shared memory, the gated activation of the 32 sums to global memory, the sums zeroed.
-// Levels 5 and 6 run at n64 only (their widest chain).
+//      shared memory, the gated activation of the 32 sums to global memory, the sums zeroed;
+//   7  + the next chunk's unit looked up in L2 after the write-out, as the kernel's consumers walk
+//      (the active expert, then its row offsets: two dependent loads), its rows deciding the width.
+// Levels 5 to 7 run at n64 only (their widest chain).
 // Blocks of one consumer warpgroup and a producer warp, four stages of 8 KB of weights and 16 KB of
 // activations, at one and two blocks an SM, as the kernel's 64-row tiles. Not part of the build (a
 // measurement tool):
@@ -26,6 +28,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <type_traits>
+#include <vector>
 
 #include "cuda/ptx.cuh"
 #include "cuda/wgmma.cuh"
@@ -54,13 +57,15 @@ struct Barriers {
 };
 
 // Level 5 onwards: a chunk's live rows (the same in every lane).
-__device__ inline int chunk_rows(int it) { return (it / kChunkStages) % 8 < 5 ? 40 : 28; }
+__device__ __host__ inline int unit_rows(int unit) { return unit % 8 < 5 ? 40 : 28; }
+__device__ inline int chunk_rows(int it) { return unit_rows(it / kChunkStages); }
+constexpr int kUnits = 64;  // level 7: the units' lookups, kUnits experts of unit_rows rows
 
 template <int kLevel, int N>
 __global__ void __launch_bounds__(kThreads) stage_rate(const uint8_t* weights, const uint8_t* acts,
-                                                      const float* wscale, float* out, long long* cycles,
-                                                      float* sink) {
-  static_assert(kLevel < 5 || N == 64, "levels 5 and 6 choose n32 or n64 chains");
+                                                      const float* wscale, float* out, const int* experts,
+                                                      const int* offsets, long long* cycles, float* sink) {
+  static_assert(kLevel < 5 || N == 64, "levels 5 to 7 choose n32 or n64 chains");
   extern __shared__ uint8_t raw[];
   __shared__ Barriers bars;
   const uint32_t misalign = static_cast<uint32_t>(__cvta_generic_to_shared(raw)) & 1023;
@@ -107,6 +112,7 @@ __global__ void __launch_bounds__(kThreads) stage_rate(const uint8_t* weights, c
   uint32_t word = threadIdx.x * 0x01010101u;
   float acc[N / 2] = {};
   float d[N / 2];
+  int rows_looked_up = unit_rows(0);  // level 7
   const long long start = clock64();
   for (int it = 0; it < kIters; ++it) {
     const int slot = it % kStages;
@@ -140,7 +146,7 @@ __global__ void __launch_bounds__(kThreads) stage_rate(const uint8_t* weights, c
       for (int j = 0; j < kN / 2; ++j) acc[j] += dn[j];
     };
     if constexpr (kLevel >= 5) {
-      if (__all_sync(0xFFFFFFFFu, chunk_rows(it) <= 32))
+      if (__all_sync(0xFFFFFFFFu, (kLevel >= 7 ? rows_looked_up : chunk_rows(it)) <= 32))
         chain(std::integral_constant<int, 32>{});
       else
         chain(std::integral_constant<int, 64>{});
@@ -174,6 +180,11 @@ __global__ void __launch_bounds__(kThreads) stage_rate(const uint8_t* weights, c
         }
 #pragma unroll
         for (int j = 0; j < N / 2; ++j) acc[j] = 0.0f;
+        if constexpr (kLevel >= 7) {
+          const int expert = __ldcg(experts + (it / kChunkStages + 1) % kUnits);
+          const int row_begin = __ldcg(offsets + expert);
+          rows_looked_up = __ldcg(offsets + expert + 1) - row_begin;
+        }
       }
     }
   }
@@ -181,9 +192,10 @@ __global__ void __launch_bounds__(kThreads) stage_rate(const uint8_t* weights, c
 }
 
 template <int kLevel, int N>
-void report(const uint8_t* weights, const uint8_t* acts, const float* wscale, float* out, int blocks_per_sm) {
+void report(const uint8_t* weights, const uint8_t* acts, const float* wscale, float* out, const int* experts,
+            const int* offsets, int blocks_per_sm) {
   const auto t = nibble::probe::time_blocks(stage_rate<kLevel, N>, blocks_per_sm, kThreads, kSmemBytes, weights, acts,
-                                            wscale, out);
+                                            wscale, out, experts, offsets);
   int sms = 0;
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
   const double per_stage = static_cast<double>(t.most_cycles) / kIters;  // a block's stage, wall cycles
@@ -195,16 +207,18 @@ void report(const uint8_t* weights, const uint8_t* acts, const float* wscale, fl
 }
 
 template <int N>
-void report_levels(const uint8_t* weights, const uint8_t* acts, const float* wscale, float* out) {
+void report_levels(const uint8_t* weights, const uint8_t* acts, const float* wscale, float* out, const int* experts,
+                   const int* offsets) {
   for (int bps : {1, 2}) {
-    report<0, N>(weights, acts, wscale, out, bps);
-    report<1, N>(weights, acts, wscale, out, bps);
-    report<2, N>(weights, acts, wscale, out, bps);
-    report<3, N>(weights, acts, wscale, out, bps);
-    report<4, N>(weights, acts, wscale, out, bps);
+    report<0, N>(weights, acts, wscale, out, experts, offsets, bps);
+    report<1, N>(weights, acts, wscale, out, experts, offsets, bps);
+    report<2, N>(weights, acts, wscale, out, experts, offsets, bps);
+    report<3, N>(weights, acts, wscale, out, experts, offsets, bps);
+    report<4, N>(weights, acts, wscale, out, experts, offsets, bps);
     if constexpr (N == 64) {
-      report<5, N>(weights, acts, wscale, out, bps);
-      report<6, N>(weights, acts, wscale, out, bps);
+      report<5, N>(weights, acts, wscale, out, experts, offsets, bps);
+      report<6, N>(weights, acts, wscale, out, experts, offsets, bps);
+      report<7, N>(weights, acts, wscale, out, experts, offsets, bps);
     }
   }
 }
@@ -216,20 +230,32 @@ int main() {
   uint8_t* acts;
   float* wscale;
   float* out;
+  int* experts;
+  int* offsets;
   if (cudaMalloc(&weights, kStreamBytes) != cudaSuccess || cudaMalloc(&acts, kActBufferBytes) != cudaSuccess ||
       cudaMalloc(&wscale, 64 * sizeof(float)) != cudaSuccess ||
-      cudaMalloc(&out, size_t{1024} * kOutFloats * sizeof(float)) != cudaSuccess) {
+      cudaMalloc(&out, size_t{1024} * kOutFloats * sizeof(float)) != cudaSuccess ||
+      cudaMalloc(&experts, kUnits * sizeof(int)) != cudaSuccess ||
+      cudaMalloc(&offsets, (kUnits + 1) * sizeof(int)) != cudaSuccess) {
     std::fprintf(stderr, "probe_stage_rate: %s\n", cudaGetErrorString(cudaGetLastError()));
     return 1;
   }
   cudaMemset(weights, 0x35, kStreamBytes);
   cudaMemset(acts, 0x21, kActBufferBytes);
   cudaMemset(wscale, 0, 64 * sizeof(float));
-  report_levels<32>(weights, acts, wscale, out);
-  report_levels<64>(weights, acts, wscale, out);
+  // Unit u is expert (u · 5) mod kUnits, whose rows are unit_rows(u): the same widths as levels 5-6.
+  std::vector<int> host_experts(kUnits), host_rows(kUnits), host_offsets(kUnits + 1, 0);
+  for (int u = 0; u < kUnits; ++u) host_experts[u] = (u * 5) % kUnits, host_rows[host_experts[u]] = unit_rows(u);
+  for (int e = 0; e < kUnits; ++e) host_offsets[e + 1] = host_offsets[e] + host_rows[e];
+  cudaMemcpy(experts, host_experts.data(), kUnits * sizeof(int), cudaMemcpyHostToDevice);
+  cudaMemcpy(offsets, host_offsets.data(), (kUnits + 1) * sizeof(int), cudaMemcpyHostToDevice);
+  report_levels<32>(weights, acts, wscale, out, experts, offsets);
+  report_levels<64>(weights, acts, wscale, out, experts, offsets);
   cudaFree(weights);
   cudaFree(acts);
   cudaFree(wscale);
   cudaFree(out);
+  cudaFree(experts);
+  cudaFree(offsets);
   return 0;
 }
