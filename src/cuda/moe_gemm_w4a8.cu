@@ -136,14 +136,6 @@ constexpr int kMmaMaxTokenTiles = 0;
 #ifndef NIBBLE_MOE_TURNS
 #define NIBBLE_MOE_TURNS 1
 #endif
-// The producer publishes each slot's unit (expert, first row, rows) in shared memory with the slot, so
-// that the consumers walk their units with no global loads (an experiment: -DNIBBLE_MOE_SLOT_UNITS=1).
-// Without it each consumer warp looks a new unit up in L2 as its last one ends: two dependent loads
-// (the active expert, then its row offsets) before the next stage's chain width is known. Tiles of up
-// to 64 rows only: in the 128-row tiles it made ptxas serialize the wgmmas (C7511).
-#ifndef NIBBLE_MOE_SLOT_UNITS
-#define NIBBLE_MOE_SLOT_UNITS 0
-#endif
 
 // The narrowest wgmma chain a chunk of `rows` live rows takes (GemmW4A8Args::narrow_chains): f is
 // called with std::integral_constant<int, N> for the least multiple N of kStep that holds them (kMax at
@@ -211,7 +203,6 @@ struct alignas(128) GemmSmem {
   float token_sum[T::kRows];
   float token_scale[T::kRows];
   float4 reduce[T::kReduceSlots];
-  int4 unit[T::kStages];  // kSlotUnits: the slot's unit (expert, first row, rows)
 };
 
 // The dynamic shared memory a block asks for: the layout, and (wgmma: swizzled activations) room to
@@ -234,7 +225,6 @@ struct Cursor {
 
 struct Walk {
   int units, groups, splits, kblocks, per_split, rows_per_chunk;
-  bool published = false;  // the unit's expert and rows come from its slots (kSlotUnits consumers)
 
   __device__ void resolve(Cursor& c, const GemmW4A8Args& p) const {
     c.chunk = c.stage = 0;
@@ -242,19 +232,13 @@ struct Walk {
     const int slot = c.unit / (groups * splits), rest = c.unit % (groups * splits);
     c.group = rest / splits;
     c.split = rest % splits;
-    if (!published) {
-      c.expert = __ldcg(p.active_experts + slot);  // through L2: possibly read before the grid dependency wait
-      c.row_begin = __ldcg(p.expert_offsets + c.expert);
-      c.rows = __ldcg(p.expert_offsets + c.expert + 1) - c.row_begin;
-      set_rows(c, c.rows);
-    }
+    c.expert = __ldcg(p.active_experts + slot);  // through L2: possibly read before the grid dependency wait
+    c.row_begin = __ldcg(p.expert_offsets + c.expert);
+    c.rows = __ldcg(p.expert_offsets + c.expert + 1) - c.row_begin;
+    c.chunks = (c.rows + rows_per_chunk - 1) / rows_per_chunk;
     c.kb_begin = c.split * per_split;
     c.kb_count = min(kblocks, c.kb_begin + per_split) - c.kb_begin;
     c.stages = (c.kb_count + kBlocksPerStage - 1) / kBlocksPerStage;
-  }
-  __device__ void set_rows(Cursor& c, int rows) const {
-    c.rows = rows;
-    c.chunks = (rows + rows_per_chunk - 1) / rows_per_chunk;
   }
   __device__ void advance(Cursor& c, const GemmW4A8Args& p) const {
     if (++c.stage < c.stages) return;
@@ -278,7 +262,6 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
     moe_gemm_w4a8_kernel(const __grid_constant__ GemmW4A8Args p, const __grid_constant__ ActMap<kMma> act_map) {
   using T = Tile<kTokenTiles, kFp8, kGroups, kMma>;
   constexpr int kRows = T::kRows, kStages = T::kStages, kWarps = T::kWarps, kConsumers = T::kConsumers;
-  constexpr bool kSlotUnits = NIBBLE_MOE_SLOT_UNITS && !T::kWide;
   // f32 accumulator registers a thread: an m64 × kRows wgmma tile, or mma.sync's 4 channel tiles ×
   // kTokenTiles row tiles × 4.
   constexpr int kAcc = kMma ? kWarps * kTokenTiles * 4 : kRows / 2;
@@ -396,7 +379,6 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
         const int act_rows = (p.leave_out & kActivations) ? 0 : chunk_rows;
         const auto abytes = static_cast<uint32_t>(nkb * kGemmKBlock);
         if (step >= early) copy_weights(load, slot);
-        if (kSlotUnits && lane == 0) sm.unit[slot] = make_int4(load.expert, load.row_begin, load.rows, 0);
         if (lane == 0) ptx::mbarrier_arrive_expect_tx(&sm.full[slot], abytes * act_rows);
         __syncwarp();
         if (lane < act_rows)
@@ -415,7 +397,6 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
         if (step >= kStages) ptx::mbarrier_wait(&sm.empty[slot], ((step / kStages) - 1) & 1);
         if (step >= early) copy_weights(load, slot);
         if (lane == 0) {
-          if constexpr (kSlotUnits) sm.unit[slot] = make_int4(load.expert, load.row_begin, load.rows, 0);
           ptx::mbarrier_arrive_expect_tx(&sm.full[slot], acts ? T::kActSlotBytes : 0);
           const int x = (load.kb_begin + load.stage * kBlocksPerStage) * kGemmKBlock;
           const int y = load.row_begin + load.chunk * kRows;
@@ -436,7 +417,6 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
   if (p.routing_settled) ptx::grid_dependency_wait();
   ptx::launch_dependents();
   Cursor compute{.unit = static_cast<int>(blockIdx.x)};
-  walk.published = kSlotUnits;  // the producer resolved its own cursors above
   walk.resolve(compute, p);
   float acc[kAcc] = {};
   [[maybe_unused]] const uint64_t act_desc = wgmma::descriptor_sw128(&sm.act[0][0]);
@@ -494,12 +474,8 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
     if (++slot == kStages) slot = 0, parity ^= 1;
     auto wait_full = [&] { ptx::mbarrier_wait_at(full0 + 8 * slot, parity); };
     auto release = [&] { ptx::mbarrier_arrive_at(empty0 + 8 * slot); };
-    // With kSlotUnits a unit's rows are known once its first slot is full: a chunk that is a unit's
-    // only stage loads its sums after the wait, in the write-out.
-    [[maybe_unused]] bool early_done = false;
     if constexpr (kEarlySums > 0) {
-      if (compute.stage == compute.stages - 1 && (!kSlotUnits || compute.stage > 0 || compute.chunk > 0)) {
-        early_done = true;
+      if (compute.stage == compute.stages - 1) {
         const int64_t act_row = act_row_of(compute);
         const float* sums = p.act_sums + (act_row >= 0 ? act_row : 0) * walk.kblocks + compute.kb_begin;
 #pragma unroll
@@ -511,11 +487,6 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
       }
     }
     wait_full();
-    if constexpr (kSlotUnits) {
-      const int4 u = sm.unit[slot];
-      compute.expert = u.x, compute.row_begin = u.y;
-      walk.set_rows(compute, u.z);
-    }
 
     const int first = compute.kb_begin + compute.stage * kBlocksPerStage;
     const int nkb = min(kBlocksPerStage, compute.kb_begin + compute.kb_count - first);
@@ -653,16 +624,13 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
     if (compute.stage == compute.stages - 1) {  // the chunk's last stage: write its rows out
       // Each row's Σ a over this split's K blocks (INT4's offset correction) and its scale.
       const int64_t act_row = act_row_of(compute);
-      const bool early = !kSlotUnits || early_done;  // the early sums were loaded (kEarlySums > 0)
       float sum = 0.0f;
-      if (early) {
 #pragma unroll
-        for (int i = 0; i < kEarlySums; ++i) sum += early_sums[i];
-      }
+      for (int i = 0; i < kEarlySums; ++i) sum += early_sums[i];
       if (!kFp8 && act_row >= 0) {
         const float* sums = p.act_sums + act_row * walk.kblocks + compute.kb_begin;
 #pragma unroll(kMma ? 4 : 8)
-        for (int kb = rpart + (early ? kEarlySums * kThreadsPerRow : 0); kb < compute.kb_count; kb += kThreadsPerRow)
+        for (int kb = rpart + kEarlySums * kThreadsPerRow; kb < compute.kb_count; kb += kThreadsPerRow)
           sum += sums[kb];
       }
 #pragma unroll
@@ -670,7 +638,7 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
       ptx::named_barrier_sync(1, kConsumers);  // every consumer is done with the previous chunk's rows
       if (rpart == 0) {
         sm.token_sum[rr] = sum;
-        sm.token_scale[rr] = kEarlySums > 0 && early ? early_scale : act_row >= 0 ? p.act_scale[act_row] : 0.0f;
+        sm.token_scale[rr] = kEarlySums > 0 ? early_scale : act_row >= 0 ? p.act_scale[act_row] : 0.0f;
       }
       if constexpr (kMma) {  // the partial sums of the other warps' channel tiles
 #pragma unroll
