@@ -16,8 +16,13 @@
 //   6  + the chunk's write-out at its last stage: a named barrier, each row's sum and scale through
 //      shared memory, the gated activation of the 32 sums to global memory, the sums zeroed;
 //   7  + the next chunk's unit looked up in L2 after the write-out, as the kernel's consumers walk
-//      (the active expert, then its row offsets: two dependent loads), its rows deciding the width.
-// Levels 5 to 7 run at n64 only (their widest chain).
+//      (the active expert, then its row offsets: two dependent loads), its rows deciding the width;
+//   8  level 7 with the write-out's two weight scales loaded once before its stores (the kernel's
+//      -DNIBBLE_MOE_LEAN_WRITEOUT=1) rather than after each store, which may alias them.
+// Levels 5 to 8 run at n64 only (their widest chain), with the copies of levels 3-4 and without (the
+// producer only arrives, as at levels 1-2), so that a consumer-side cost shows past the copies' bound.
+// Grid-wide, a stage's weight copies read consecutive 8 KB pieces, so that no two blocks read the
+// same bytes within the 1 GiB pass (L2 holds 50 MB).
 // Blocks of one consumer warpgroup and a producer warp, four stages of 8 KB of weights and 16 KB of
 // activations, at one and two blocks an SM, as the kernel's 64-row tiles. Not part of the build (a
 // measurement tool):
@@ -61,11 +66,12 @@ __device__ __host__ inline int unit_rows(int unit) { return unit % 8 < 5 ? 40 : 
 __device__ inline int chunk_rows(int it) { return unit_rows(it / kChunkStages); }
 constexpr int kUnits = 64;  // level 7: the units' lookups, kUnits experts of unit_rows rows
 
-template <int kLevel, int N>
+template <int kLevel, int N, bool kCopies>
 __global__ void __launch_bounds__(kThreads) stage_rate(const uint8_t* weights, const uint8_t* acts,
                                                       const float* wscale, float* out, const int* experts,
                                                       const int* offsets, long long* cycles, float* sink) {
-  static_assert(kLevel < 5 || N == 64, "levels 5 to 7 choose n32 or n64 chains");
+  static_assert(kLevel < 5 || N == 64, "levels 5 to 8 choose n32 or n64 chains");
+  constexpr bool kWeightCopies = kLevel >= 3 && kCopies, kActCopies = kLevel >= 4 && kCopies;
   extern __shared__ uint8_t raw[];
   __shared__ Barriers bars;
   const uint32_t misalign = static_cast<uint32_t>(__cvta_generic_to_shared(raw)) & 1023;
@@ -90,12 +96,12 @@ __global__ void __launch_bounds__(kThreads) stage_rate(const uint8_t* weights, c
       const int slot = it % kStages;
       if (it >= kStages) ptx::mbarrier_wait(&bars.empty[slot], ((it / kStages) - 1) & 1);
       uint8_t* stage = stages + slot * kStageBytes;
-      if constexpr (kLevel >= 3) {
-        ptx::mbarrier_arrive_expect_tx(&bars.full[slot], kWeightBytes + (kLevel >= 4 ? kActBytes : 0));
-        const int64_t at = ((int64_t{blockIdx.x} * kIters + it) % stream_stages) * kWeightBytes;
+      if constexpr (kWeightCopies) {
+        ptx::mbarrier_arrive_expect_tx(&bars.full[slot], kWeightBytes + (kActCopies ? kActBytes : 0));
+        const int64_t at = ((int64_t{it} * gridDim.x + blockIdx.x) % stream_stages) * kWeightBytes;
         for (int w = 0; w < 4; ++w)
           ptx::bulk_copy_to_shared(stage + w * kWarpBytes, weights + at + w * kWarpBytes, kWarpBytes, &bars.full[slot]);
-        if constexpr (kLevel >= 4) {
+        if constexpr (kActCopies) {
           const int at_act = ((blockIdx.x * 7 + it) * kActBytes) % kActBufferBytes;
           ptx::bulk_copy_to_shared(stage + kWeightBytes, acts + at_act, kActBytes, &bars.full[slot]);
         }
@@ -166,13 +172,16 @@ __global__ void __launch_bounds__(kThreads) stage_rate(const uint8_t* weights, c
         ptx::named_barrier_sync(1, kConsumers);
         const int g = lane >> 2, q = lane & 3, rows = chunk_rows(it);
         float* block_out = out + blockIdx.x * kOutFloats;
+        const int c16 = warp * 16 + g;
+        [[maybe_unused]] float lean_wscale[2] = {};
+        if constexpr (kLevel >= 8) lean_wscale[0] = __ldg(wscale + c16), lean_wscale[1] = __ldg(wscale + c16 + 8);
 #pragma unroll
         for (int j = 0; j < N / 2; ++j) {
           if (j & 2) continue;
           const int row = (j / 4) * 8 + 2 * q + (j & 1);
-          const int c16 = warp * 16 + g;
           auto value = [&](int k, int channel) {
-            return (acc[k] * 512.0f - 8.0f * bars.token_sum[row]) * bars.token_scale[row] * __ldg(wscale + channel);
+            const float ws = kLevel >= 8 ? lean_wscale[channel == c16 ? 0 : 1] : __ldg(wscale + channel);
+            return (acc[k] * 512.0f - 8.0f * bars.token_sum[row]) * bars.token_scale[row] * ws;
           };
           const float gate = value(j, c16), up = value(j + 2, c16 + 8);
           const float h = gate / (1.0f + __expf(-gate)) * up;
@@ -191,18 +200,18 @@ __global__ void __launch_bounds__(kThreads) stage_rate(const uint8_t* weights, c
   nibble::probe::finish_block(start, acc, cycles, sink);
 }
 
-template <int kLevel, int N>
+template <int kLevel, int N, bool kCopies = true>
 void report(const uint8_t* weights, const uint8_t* acts, const float* wscale, float* out, const int* experts,
             const int* offsets, int blocks_per_sm) {
-  const auto t = nibble::probe::time_blocks(stage_rate<kLevel, N>, blocks_per_sm, kThreads, kSmemBytes, weights, acts,
+  const auto t = nibble::probe::time_blocks(stage_rate<kLevel, N, kCopies>, blocks_per_sm, kThreads, kSmemBytes, weights, acts,
                                             wscale, out, experts, offsets);
   int sms = 0;
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
   const double per_stage = static_cast<double>(t.most_cycles) / kIters;  // a block's stage, wall cycles
   const double weight_gbs = static_cast<double>(sms) * blocks_per_sm * kIters * kWeightBytes / (t.ms * 1e6);
-  std::printf("level %d n%-3d %d blocks/SM: %7.1f cycles a block's stage, %7.1f SM cycles a stage; %.1f us, "
+  std::printf("level %d%s n%-3d %d blocks/SM: %7.1f cycles a block's stage, %7.1f SM cycles a stage; %.1f us, "
               "weights %.0f GB/s if copied (%s)\n",
-              kLevel, N, blocks_per_sm, per_stage, per_stage / blocks_per_sm, t.ms * 1e3, weight_gbs,
+              kLevel, kLevel >= 3 && !kCopies ? " (no copies)" : "", N, blocks_per_sm, per_stage, per_stage / blocks_per_sm, t.ms * 1e3, weight_gbs,
               cudaGetErrorString(cudaGetLastError()));
 }
 
@@ -219,6 +228,11 @@ void report_levels(const uint8_t* weights, const uint8_t* acts, const float* wsc
       report<5, N>(weights, acts, wscale, out, experts, offsets, bps);
       report<6, N>(weights, acts, wscale, out, experts, offsets, bps);
       report<7, N>(weights, acts, wscale, out, experts, offsets, bps);
+      report<8, N>(weights, acts, wscale, out, experts, offsets, bps);
+      report<5, N, false>(weights, acts, wscale, out, experts, offsets, bps);
+      report<6, N, false>(weights, acts, wscale, out, experts, offsets, bps);
+      report<7, N, false>(weights, acts, wscale, out, experts, offsets, bps);
+      report<8, N, false>(weights, acts, wscale, out, experts, offsets, bps);
     }
   }
 }
