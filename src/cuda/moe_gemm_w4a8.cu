@@ -136,12 +136,6 @@ constexpr int kMmaMaxTokenTiles = 0;
 #ifndef NIBBLE_MOE_TURNS
 #define NIBBLE_MOE_TURNS 1
 #endif
-// The chunk write-out's weight scales loaded once and its activation chosen once (an experiment:
-// -DNIBBLE_MOE_LEAN_WRITEOUT=1; see the write-out).
-#ifndef NIBBLE_MOE_LEAN_WRITEOUT
-#define NIBBLE_MOE_LEAN_WRITEOUT 0
-#endif
-constexpr bool kLeanWriteOut = NIBBLE_MOE_LEAN_WRITEOUT;
 
 // The narrowest wgmma chain a chunk of `rows` live rows takes (GemmW4A8Args::narrow_chains): f is
 // called with std::integral_constant<int, N> for the least multiple N of kStep that holds them (kMax at
@@ -698,15 +692,9 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
       // g + 8; row 2q + j % 2.
       const float* wscale = p.weight_scale + static_cast<int64_t>(compute.expert) * p.n;
       const int64_t first_row = compute.row_begin + compute.chunk * kRows;
-      // A thread's accumulators hold two channels, tile · 16 + g and 8 on (j & 2). Lean: their two
-      // weight scales loaded once, before the rows' stores (else reloaded after each store, which may
-      // alias them), and the activation chosen once.
-      const int64_t c16 = tile * 16 + g;
-      [[maybe_unused]] float lean_wscale[2] = {};
-      if (kLeanWriteOut && !kMma && tile < tiles) lean_wscale[0] = __ldg(wscale + c16), lean_wscale[1] = __ldg(wscale + c16 + 8);
       auto value = [&](int j, int row, int64_t channel) {
         const float dot = kFp8 ? acc[j] : acc[j] * 512.0f - 8.0f * sm.token_sum[row];
-        return dot * sm.token_scale[row] * (kLeanWriteOut ? lean_wscale[(j & 2) ? 1 : 0] : wscale[channel]);
+        return dot * sm.token_scale[row] * wscale[channel];
       };
       if (!kMma && tile < tiles) {
         if (p.glu) {
@@ -715,33 +703,24 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
           // the activation kernels compute them. With glu_amax, each row's amax over the warp's 8
           // channels (the 8 lanes of one q share their rows) stored by lanes 0-3.
           float* out = p.out + first_row * (p.n / 2);
-          auto glu_rows = [&](auto act) {
+          const int64_t c16 = tile * 16 + g;
 #pragma unroll
-            for (int j = 0; j < kAcc; ++j) {
-              if (j & 2) continue;
-              const int row = (j / 4) * 8 + 2 * q + (j & 1);
-              const bool live = compute.chunk * kRows + row < compute.rows;
-              const float gate = value(j, row, c16), up = value(j + 2, row, c16 + 8);
-              float h;
-              if constexpr (std::is_same_v<decltype(act), Activation>)
-                h = activate(act, 0.0f + gate) * (0.0f + up);
-              else
-                h = activate<decltype(act)::value>(0.0f + gate) * (0.0f + up);
-              if (live) out[row * (p.n / 2) + tile * 8 + g] = h;
-              // Tiles of 8 and 16 rows only (moe_gemm_w4a8_fuses_glu): in the 128-row kernel the shuffles
-              // made ptxas serialize the wgmmas (C7520).
-              if (kTokenTiles <= 2 && p.glu_amax != nullptr) {  // the same for the whole grid
-                float m = live ? fmaxf(0.0f, fabsf(h)) : 0.0f;  // NaN left out, as the activation kernels' max
+          for (int j = 0; j < kAcc; ++j) {
+            if (j & 2) continue;
+            const int row = (j / 4) * 8 + 2 * q + (j & 1);
+            const bool live = compute.chunk * kRows + row < compute.rows;
+            const float gate = value(j, row, c16), up = value(j + 2, row, c16 + 8);
+            const float h = activate(p.glu_activation, 0.0f + gate) * (0.0f + up);
+            if (live) out[row * (p.n / 2) + tile * 8 + g] = h;
+            // Tiles of 8 and 16 rows only (moe_gemm_w4a8_fuses_glu): in the 128-row kernel the shuffles
+            // made ptxas serialize the wgmmas (C7520).
+            if (kTokenTiles <= 2 && p.glu_amax != nullptr) {  // the same for the whole grid
+              float m = live ? fmaxf(0.0f, fabsf(h)) : 0.0f;  // NaN left out, as the activation kernels' max
 #pragma unroll
-                for (int o = 4; o < 32; o *= 2) m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, o));
-                if (g == 0 && live) p.glu_amax[(first_row + row) * (p.n / 16) + tile] = m;
-              }
+              for (int o = 4; o < 32; o *= 2) m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, o));
+              if (g == 0 && live) p.glu_amax[(first_row + row) * (p.n / 16) + tile] = m;
             }
-          };
-          if constexpr (kLeanWriteOut)
-            with_activation(p.glu_activation, glu_rows);
-          else
-            glu_rows(p.glu_activation);
+          }
         } else {
           float* out = p.out + (compute.split * p.max_rows + first_row) * p.n;
 #pragma unroll
