@@ -136,6 +136,11 @@ constexpr int kMmaMaxTokenTiles = 0;
 #ifndef NIBBLE_MOE_TURNS
 #define NIBBLE_MOE_TURNS 1
 #endif
+// A timing experiment (wrong results): the consumers skip each chunk's write-out, their sums summed
+// over the block's chunks (-DNIBBLE_MOE_LEAVE_OUT_WRITEOUT=1).
+#ifndef NIBBLE_MOE_LEAVE_OUT_WRITEOUT
+#define NIBBLE_MOE_LEAVE_OUT_WRITEOUT 0
+#endif
 
 // The narrowest wgmma chain a chunk of `rows` live rows takes (GemmW4A8Args::narrow_chains): f is
 // called with std::integral_constant<int, N> for the least multiple N of kStep that holds them (kMax at
@@ -621,7 +626,7 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
     if (lane == 0) release();  // this warp is done reading the slot
     }
 
-    if (compute.stage == compute.stages - 1) {  // the chunk's last stage: write its rows out
+    if (!NIBBLE_MOE_LEAVE_OUT_WRITEOUT && compute.stage == compute.stages - 1) {  // the chunk's last stage: write its rows out
       // Each row's Σ a over this split's K blocks (INT4's offset correction) and its scale.
       const int64_t act_row = act_row_of(compute);
       float sum = 0.0f;
@@ -736,6 +741,12 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
       for (int j = 0; j < kAcc; ++j) acc[j] = 0.0f;
     }
     walk.advance(compute, p);
+  }
+  if constexpr (NIBBLE_MOE_LEAVE_OUT_WRITEOUT) {  // the sums, summed over the block's chunks, stay live
+    float keep = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kAcc; ++j) keep += acc[j];
+    if (keep == 12345.0f) p.out[threadIdx.x] = keep;
   }
   if (turns && group_in_block == 0) ptx::named_barrier_sync(2, kConsumers);
 }
