@@ -22,7 +22,10 @@
 // Levels 5 to 8 run at n64 only (their widest chain), with the copies of levels 3-4 and without (the
 // producer only arrives, as at levels 1-2), so that a consumer-side cost shows past the copies' bound.
 // Grid-wide, a stage's weight copies read consecutive 8 KB pieces, so that no two blocks read the
-// same bytes within the 1 GiB pass (L2 holds 50 MB).
+// same bytes within the 1 GiB pass (L2 holds 50 MB). Levels 3, 4 and 7 also run with the kernel's
+// weight streams (unit streams): a block's chunk of 16 stages is a unit of 64 channels of an expert
+// with K 4096, its four warps' tiles 32 KB apart, each stage 2 KB on in each of the four; block b
+// takes units b, b + grid, ..., so that the grid reads from as many 128 KB regions as it has blocks.
 // Blocks of one consumer warpgroup and a producer warp, four stages of 8 KB of weights and 16 KB of
 // activations, at one and two blocks an SM, as the kernel's 64-row tiles. Not part of the build (a
 // measurement tool):
@@ -66,12 +69,14 @@ __device__ __host__ inline int unit_rows(int unit) { return unit % 8 < 5 ? 40 : 
 __device__ inline int chunk_rows(int it) { return unit_rows(it / kChunkStages); }
 constexpr int kUnits = 64;  // level 7: the units' lookups, kUnits experts of unit_rows rows
 
-template <int kLevel, int N, bool kCopies>
+enum Copies : int { kNoCopies, kSequential, kUnitStreams };
+
+template <int kLevel, int N, int kCopies>
 __global__ void __launch_bounds__(kThreads) stage_rate(const uint8_t* weights, const uint8_t* acts,
                                                       const float* wscale, float* out, const int* experts,
                                                       const int* offsets, long long* cycles, float* sink) {
   static_assert(kLevel < 5 || N == 64, "levels 5 to 8 choose n32 or n64 chains");
-  constexpr bool kWeightCopies = kLevel >= 3 && kCopies, kActCopies = kLevel >= 4 && kCopies;
+  constexpr bool kWeightCopies = kLevel >= 3 && kCopies != kNoCopies, kActCopies = kLevel >= 4 && kCopies != kNoCopies;
   extern __shared__ uint8_t raw[];
   __shared__ Barriers bars;
   const uint32_t misalign = static_cast<uint32_t>(__cvta_generic_to_shared(raw)) & 1023;
@@ -99,8 +104,13 @@ __global__ void __launch_bounds__(kThreads) stage_rate(const uint8_t* weights, c
       if constexpr (kWeightCopies) {
         ptx::mbarrier_arrive_expect_tx(&bars.full[slot], kWeightBytes + (kActCopies ? kActBytes : 0));
         const int64_t at = ((int64_t{it} * gridDim.x + blockIdx.x) % stream_stages) * kWeightBytes;
+        constexpr int64_t kTileBytes = int64_t{kChunkStages} * kWarpBytes, kUnitBytes = 4 * kTileBytes;
+        const int64_t unit = int64_t{it / kChunkStages} * gridDim.x + blockIdx.x;
+        const int64_t unit_at = (unit % (kStreamBytes / kUnitBytes)) * kUnitBytes + (it % kChunkStages) * kWarpBytes;
         for (int w = 0; w < 4; ++w)
-          ptx::bulk_copy_to_shared(stage + w * kWarpBytes, weights + at + w * kWarpBytes, kWarpBytes, &bars.full[slot]);
+          ptx::bulk_copy_to_shared(stage + w * kWarpBytes,
+                                   weights + (kCopies == kUnitStreams ? unit_at + w * kTileBytes : at + w * kWarpBytes),
+                                   kWarpBytes, &bars.full[slot]);
         if constexpr (kActCopies) {
           const int at_act = ((blockIdx.x * 7 + it) * kActBytes) % kActBufferBytes;
           ptx::bulk_copy_to_shared(stage + kWeightBytes, acts + at_act, kActBytes, &bars.full[slot]);
@@ -200,7 +210,7 @@ __global__ void __launch_bounds__(kThreads) stage_rate(const uint8_t* weights, c
   nibble::probe::finish_block(start, acc, cycles, sink);
 }
 
-template <int kLevel, int N, bool kCopies = true>
+template <int kLevel, int N, int kCopies = kSequential>
 void report(const uint8_t* weights, const uint8_t* acts, const float* wscale, float* out, const int* experts,
             const int* offsets, int blocks_per_sm) {
   const auto t = nibble::probe::time_blocks(stage_rate<kLevel, N, kCopies>, blocks_per_sm, kThreads, kSmemBytes, weights, acts,
@@ -211,7 +221,7 @@ void report(const uint8_t* weights, const uint8_t* acts, const float* wscale, fl
   const double weight_gbs = static_cast<double>(sms) * blocks_per_sm * kIters * kWeightBytes / (t.ms * 1e6);
   std::printf("level %d%s n%-3d %d blocks/SM: %7.1f cycles a block's stage, %7.1f SM cycles a stage; %.1f us, "
               "weights %.0f GB/s if copied (%s)\n",
-              kLevel, kLevel >= 3 && !kCopies ? " (no copies)" : "", N, blocks_per_sm, per_stage, per_stage / blocks_per_sm, t.ms * 1e3, weight_gbs,
+              kLevel, kLevel < 3 ? "" : kCopies == kNoCopies ? " (no copies)" : kCopies == kUnitStreams ? " (unit streams)" : "", N, blocks_per_sm, per_stage, per_stage / blocks_per_sm, t.ms * 1e3, weight_gbs,
               cudaGetErrorString(cudaGetLastError()));
 }
 
@@ -229,10 +239,13 @@ void report_levels(const uint8_t* weights, const uint8_t* acts, const float* wsc
       report<6, N>(weights, acts, wscale, out, experts, offsets, bps);
       report<7, N>(weights, acts, wscale, out, experts, offsets, bps);
       report<8, N>(weights, acts, wscale, out, experts, offsets, bps);
-      report<5, N, false>(weights, acts, wscale, out, experts, offsets, bps);
-      report<6, N, false>(weights, acts, wscale, out, experts, offsets, bps);
-      report<7, N, false>(weights, acts, wscale, out, experts, offsets, bps);
-      report<8, N, false>(weights, acts, wscale, out, experts, offsets, bps);
+      report<5, N, kNoCopies>(weights, acts, wscale, out, experts, offsets, bps);
+      report<6, N, kNoCopies>(weights, acts, wscale, out, experts, offsets, bps);
+      report<7, N, kNoCopies>(weights, acts, wscale, out, experts, offsets, bps);
+      report<8, N, kNoCopies>(weights, acts, wscale, out, experts, offsets, bps);
+      report<3, N, kUnitStreams>(weights, acts, wscale, out, experts, offsets, bps);
+      report<4, N, kUnitStreams>(weights, acts, wscale, out, experts, offsets, bps);
+      report<7, N, kUnitStreams>(weights, acts, wscale, out, experts, offsets, bps);
     }
   }
 }
