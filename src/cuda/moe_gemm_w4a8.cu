@@ -82,7 +82,11 @@ enum LeaveOut : int { kNothing = 0, kMath = 1, kActivations = 2, kWeights = 4 };
 // instructions (the operands folded into the sums instead; 16-row tiles), constant A operands (no
 // weight loads or nibble masks; 16-, 64- and 128-row tiles), or A from shared memory (the stage's
 // activations as both operands, no weight loads; INT4 64-row one-group tiles and 128-row tiles).
+// Their kernels are built only with -DNIBBLE_MOE_PROBES=1 (seven kernels that ship no results).
 enum Probe : int { kNoProbe = 0, kProbeNoTensor = 2, kProbeNoOperands = 3, kProbeSmemA = 4 };
+#ifndef NIBBLE_MOE_PROBES
+#define NIBBLE_MOE_PROBES 0
+#endif
 // Consumer warpgroups a wgmma block (64 output channels each, sharing the stage's activations): two
 // for 16-row tiles of wide projections (N >= kTwoGroupsMinN), else one; NIBBLE_MOE_CONSUMER_GROUPS
 // (1 or 2) overrides. Measured on an H200 (bench/RESULTS.md, 2026-11-30), ncu µs at 32 tokens, one
@@ -780,14 +784,16 @@ Grid grid_for(int64_t units, int64_t slots) {
 template <int kTokenTiles, bool kFp8, int kGroups, bool kMma>
 auto* kernel_for() {
   static const int probe = env_or("NIBBLE_MOE_PROBE", kNoProbe);
-  if constexpr (kTokenTiles == 2 && !kFp8 && !kMma) {
+  check(NIBBLE_MOE_PROBES || probe == kNoProbe, "NIBBLE_MOE_PROBE=", probe,
+        " times a probe kernel: build with -DNIBBLE_MOE_PROBES=1");
+  if constexpr (NIBBLE_MOE_PROBES && kTokenTiles == 2 && !kFp8 && !kMma) {
     switch (probe) {
       case kProbeNoTensor: return moe_gemm_w4a8_kernel<kTokenTiles, kFp8, kGroups, kMma, kProbeNoTensor>;
       case kProbeNoOperands: return moe_gemm_w4a8_kernel<kTokenTiles, kFp8, kGroups, kMma, kProbeNoOperands>;
       default: break;
     }
   }
-  if constexpr (kTokenTiles == 16 || (kTokenTiles == 8 && !kFp8 && kGroups == 1 && !kMma)) {
+  if constexpr (NIBBLE_MOE_PROBES && (kTokenTiles == 16 || (kTokenTiles == 8 && !kFp8 && kGroups == 1 && !kMma))) {
     switch (probe) {
       case kProbeNoOperands: return moe_gemm_w4a8_kernel<kTokenTiles, kFp8, kGroups, kMma, kProbeNoOperands>;
       case kProbeSmemA: return moe_gemm_w4a8_kernel<kTokenTiles, kFp8, kGroups, kMma, kProbeSmemA>;
