@@ -18,7 +18,11 @@
 //   7  + the next chunk's unit looked up in L2 after the write-out, as the kernel's consumers walk
 //      (the active expert, then its row offsets: two dependent loads), its rows deciding the width;
 //   8  level 7 with the write-out's two weight scales loaded once before its stores (the kernel's
-//      -DNIBBLE_MOE_LEAN_WRITEOUT=1) rather than after each store, which may alias them.
+//      -DNIBBLE_MOE_LEAN_WRITEOUT=1) rather than after each store, which may alias them;
+//   9  level 8 with the producer walking units as the kernel's does: at each chunk's first stage it
+//      looks the unit up in L2 (two dependent loads) before that stage's copies.
+// Levels 1 and 9 also run with no chain (no wgmma, no weights read: the skeleton of ring, walk and
+// write-out alone, no copies).
 // Levels 5 to 8 run at n64 only (their widest chain), with the copies of levels 3-4 and without (the
 // producer only arrives, as at levels 1-2), so that a consumer-side cost shows past the copies' bound.
 // Grid-wide, a stage's weight copies read consecutive 8 KB pieces, so that no two blocks read the
@@ -71,7 +75,7 @@ constexpr int kUnits = 64;  // level 7: the units' lookups, kUnits experts of un
 
 enum Copies : int { kNoCopies, kSequential, kUnitStreams };
 
-template <int kLevel, int N, int kCopies>
+template <int kLevel, int N, int kCopies, bool kChain = true>
 __global__ void __launch_bounds__(kThreads) stage_rate(const uint8_t* weights, const uint8_t* acts,
                                                       const float* wscale, float* out, const int* experts,
                                                       const int* offsets, long long* cycles, float* sink) {
@@ -100,6 +104,10 @@ __global__ void __launch_bounds__(kThreads) stage_rate(const uint8_t* weights, c
     for (int it = 0; it < kIters; ++it) {
       const int slot = it % kStages;
       if (it >= kStages) ptx::mbarrier_wait(&bars.empty[slot], ((it / kStages) - 1) & 1);
+      if (kLevel >= 9 && it % kChunkStages == 0) {  // the unit's lookups, as the kernel's producer walks
+        const int expert = __ldcg(experts + (it / kChunkStages) % kUnits);
+        if (__ldcg(offsets + expert) < 0) return;  // never: the offsets count up from 0
+      }
       uint8_t* stage = stages + slot * kStageBytes;
       if constexpr (kWeightCopies) {
         ptx::mbarrier_arrive_expect_tx(&bars.full[slot], kWeightBytes + (kActCopies ? kActBytes : 0));
@@ -135,7 +143,11 @@ __global__ void __launch_bounds__(kThreads) stage_rate(const uint8_t* weights, c
     if constexpr (kLevel >= 1) ptx::mbarrier_wait(&bars.full[slot], (it / kStages) & 1);
     uint32_t a[4][2][4];
     const uint32_t m = 0x0F0F0F0Fu;
-    if constexpr (kLevel >= 2) {  // as the kernel: low nibbles rows g, high g + 8
+    if constexpr (!kChain) {
+      for (auto& row : a)
+        for (auto& half : row)
+          for (uint32_t& v : half) v = 0;
+    } else if constexpr (kLevel >= 2) {  // as the kernel: low nibbles rows g, high g + 8
       const auto* w = reinterpret_cast<const uint4*>(stages + slot * kStageBytes + warp * kWarpBytes);
 #pragma unroll
       for (int b = 0; b < 4; ++b) {
@@ -161,7 +173,9 @@ __global__ void __launch_bounds__(kThreads) stage_rate(const uint8_t* weights, c
 #pragma unroll
       for (int j = 0; j < kN / 2; ++j) acc[j] += dn[j];
     };
-    if constexpr (kLevel >= 5) {
+    if constexpr (!kChain) {
+      acc[0] += static_cast<float>(slot);
+    } else if constexpr (kLevel >= 5) {
       if (__all_sync(0xFFFFFFFFu, (kLevel >= 7 ? rows_looked_up : chunk_rows(it)) <= 32))
         chain(std::integral_constant<int, 32>{});
       else
@@ -210,18 +224,19 @@ __global__ void __launch_bounds__(kThreads) stage_rate(const uint8_t* weights, c
   nibble::probe::finish_block(start, acc, cycles, sink);
 }
 
-template <int kLevel, int N, int kCopies = kSequential>
+template <int kLevel, int N, int kCopies = kSequential, bool kChain = true>
 void report(const uint8_t* weights, const uint8_t* acts, const float* wscale, float* out, const int* experts,
             const int* offsets, int blocks_per_sm) {
-  const auto t = nibble::probe::time_blocks(stage_rate<kLevel, N, kCopies>, blocks_per_sm, kThreads, kSmemBytes, weights, acts,
+  const auto t = nibble::probe::time_blocks(stage_rate<kLevel, N, kCopies, kChain>, blocks_per_sm, kThreads, kSmemBytes, weights, acts,
                                             wscale, out, experts, offsets);
   int sms = 0;
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
   const double per_stage = static_cast<double>(t.most_cycles) / kIters;  // a block's stage, wall cycles
   const double weight_gbs = static_cast<double>(sms) * blocks_per_sm * kIters * kWeightBytes / (t.ms * 1e6);
-  std::printf("level %d%s n%-3d %d blocks/SM: %7.1f cycles a block's stage, %7.1f SM cycles a stage; %.1f us, "
+  std::printf("level %d%s%s n%-3d %d blocks/SM: %7.1f cycles a block's stage, %7.1f SM cycles a stage; %.1f us, "
               "weights %.0f GB/s if copied (%s)\n",
-              kLevel, kLevel < 3 ? "" : kCopies == kNoCopies ? " (no copies)" : kCopies == kUnitStreams ? " (unit streams)" : "", N, blocks_per_sm, per_stage, per_stage / blocks_per_sm, t.ms * 1e3, weight_gbs,
+              kLevel, kChain ? "" : " (no chain)",
+              kLevel < 3 ? "" : kCopies == kNoCopies ? " (no copies)" : kCopies == kUnitStreams ? " (unit streams)" : "", N, blocks_per_sm, per_stage, per_stage / blocks_per_sm, t.ms * 1e3, weight_gbs,
               cudaGetErrorString(cudaGetLastError()));
 }
 
@@ -246,6 +261,10 @@ void report_levels(const uint8_t* weights, const uint8_t* acts, const float* wsc
       report<3, N, kUnitStreams>(weights, acts, wscale, out, experts, offsets, bps);
       report<4, N, kUnitStreams>(weights, acts, wscale, out, experts, offsets, bps);
       report<7, N, kUnitStreams>(weights, acts, wscale, out, experts, offsets, bps);
+      report<9, N>(weights, acts, wscale, out, experts, offsets, bps);
+      report<9, N, kNoCopies>(weights, acts, wscale, out, experts, offsets, bps);
+      report<1, N, kNoCopies, false>(weights, acts, wscale, out, experts, offsets, bps);
+      report<9, N, kNoCopies, false>(weights, acts, wscale, out, experts, offsets, bps);
     }
   }
 }
