@@ -16,6 +16,7 @@
 // mma.sync (GemmMath::kMmaSync): each warp takes one K block of the stage across the block's 64
 // channels (m16n8k16 f16, fp32 sums); the warps' partial sums meet in shared memory at a unit's end.
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <type_traits>
@@ -145,6 +146,23 @@ constexpr int kMmaMaxTokenTiles = 0;
 #ifndef NIBBLE_MOE_LEAVE_OUT_WRITEOUT
 #define NIBBLE_MOE_LEAVE_OUT_WRITEOUT 0
 #endif
+
+// A timing experiment: -DNIBBLE_MOE_CLOCKS=1 has every warp count the SM cycles of its parts (the
+// consumers' `full` waits, chains, write-outs and walk; the producer's `empty` waits), summed over the
+// process's launches by tile rows and printed at exit (stderr): where a stage's cycles go in the real
+// kernel, rather than in bench/probe_stage_rate.cu's model of it.
+#ifndef NIBBLE_MOE_CLOCKS
+#define NIBBLE_MOE_CLOCKS 0
+#endif
+enum Clock : int { kClockLoop, kClockFull, kClockChain, kClockWriteout, kClockWalk, kClockStages,
+                   kProducerLoop, kProducerEmpty, kProducerStages, kClockWarps, kClockCount };
+__device__ unsigned long long moe_clocks[5][kClockCount];  // by log2 of the tile's 8-row tiles
+// Adds `cycles` to counter `c` of the kernel's tile rows (lane 0 of the warp).
+template <int kTokenTiles>
+__device__ __forceinline__ void add_clock(int c, unsigned long long cycles) {
+  constexpr int kIndex = kTokenTiles == 1 ? 0 : kTokenTiles == 2 ? 1 : kTokenTiles == 4 ? 2 : kTokenTiles == 8 ? 3 : 4;
+  if (threadIdx.x % 32 == 0) atomicAdd(&moe_clocks[kIndex][c], cycles);
+}
 
 // The narrowest wgmma chain a chunk of `rows` live rows takes (GemmW4A8Args::narrow_chains): f is
 // called with std::integral_constant<int, N> for the least multiple N of kStep that holds them (kMax at
@@ -401,9 +419,18 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
       // sorted order: rows past the expert's belong to the next expert and only feed their own output
       // rows, which are not written; rows past the tensor read as zeros.
       const bool acts = !(p.leave_out & kActivations);
-      for (int step = 0; walk.valid(load); ++step) {
+      [[maybe_unused]] uint32_t clock_begin = 0, clock_empty = 0;
+      if constexpr (NIBBLE_MOE_CLOCKS) clock_begin = clock();
+      int step = 0;
+      for (; walk.valid(load); ++step) {
         const int slot = step % kStages;
-        if (step >= kStages) ptx::mbarrier_wait(&sm.empty[slot], ((step / kStages) - 1) & 1);
+        if constexpr (NIBBLE_MOE_CLOCKS) {
+          const uint32_t t = clock();
+          if (step >= kStages) ptx::mbarrier_wait(&sm.empty[slot], ((step / kStages) - 1) & 1);
+          clock_empty += clock() - t;
+        } else {
+          if (step >= kStages) ptx::mbarrier_wait(&sm.empty[slot], ((step / kStages) - 1) & 1);
+        }
         if (step >= early) copy_weights(load, slot);
         if (lane == 0) {
           ptx::mbarrier_arrive_expect_tx(&sm.full[slot], acts ? T::kActSlotBytes : 0);
@@ -416,6 +443,11 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
         __syncwarp();
         walk.advance(load, p);
         if (prefetch > 0 && walk.valid(ahead)) prefetch_next();
+      }
+      if constexpr (NIBBLE_MOE_CLOCKS) {
+        add_clock<kTokenTiles>(kProducerLoop, clock() - clock_begin);
+        add_clock<kTokenTiles>(kProducerEmpty, clock_empty);
+        add_clock<kTokenTiles>(kProducerStages, step);
       }
     }
     return;
@@ -479,6 +511,17 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
   // 128 tokens 363.9, 361.0 / 364.3, 362.1 µs; Grok-1 tp 2 128 580.4, 579.6 / 577.9, 576.4), and would
   // carry a NaN row into the block's next chunks; so did adding the sums once the two chain widths'
   // branches join.
+  [[maybe_unused]] uint32_t clocks[kClockStages + 1] = {};
+  [[maybe_unused]] uint32_t clock_mark = 0;
+  // Cycles since the last mark into counter c (NIBBLE_MOE_CLOCKS).
+  [[maybe_unused]] auto tick = [&](int c) {
+    if constexpr (NIBBLE_MOE_CLOCKS) {
+      const uint32_t t = clock();
+      clocks[c] += t - clock_mark;
+      clock_mark = t;
+    }
+  };
+  if constexpr (NIBBLE_MOE_CLOCKS) clock_mark = clocks[kClockLoop] = clock();
   while (walk.valid(compute)) {
     if (++slot == kStages) slot = 0, parity ^= 1;
     auto wait_full = [&] { ptx::mbarrier_wait_at(full0 + 8 * slot, parity); };
@@ -495,7 +538,9 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
         early_scale = act_row >= 0 ? __ldg(p.act_scale + act_row) : 0.0f;
       }
     }
+    tick(kClockWalk);  // the early sums' loads count as the walk's
     wait_full();
+    tick(kClockFull);
 
     const int first = compute.kb_begin + compute.stage * kBlocksPerStage;
     const int nkb = min(kBlocksPerStage, compute.kb_begin + compute.kb_count - first);
@@ -629,6 +674,8 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
     }
     if (lane == 0) release();  // this warp is done reading the slot
     }
+    tick(kClockChain);
+    if constexpr (NIBBLE_MOE_CLOCKS) ++clocks[kClockStages];
 
     if (!NIBBLE_MOE_LEAVE_OUT_WRITEOUT && compute.stage == compute.stages - 1) {  // the chunk's last stage: write its rows out
       // Each row's Σ a over this split's K blocks (INT4's offset correction) and its scale.
@@ -743,8 +790,14 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
       }
 #pragma unroll
       for (int j = 0; j < kAcc; ++j) acc[j] = 0.0f;
+      tick(kClockWriteout);
     }
     walk.advance(compute, p);
+  }
+  if constexpr (NIBBLE_MOE_CLOCKS) {
+    clocks[kClockLoop] = clock() - clocks[kClockLoop];
+    for (int c = kClockLoop; c <= kClockStages; ++c) add_clock<kTokenTiles>(c, clocks[c]);
+    add_clock<kTokenTiles>(kClockWarps, 1);
   }
   if constexpr (NIBBLE_MOE_LEAVE_OUT_WRITEOUT) {  // the sums, summed over the block's chunks, stay live
     float keep = 0.0f;
@@ -803,8 +856,32 @@ auto* kernel_for() {
   return moe_gemm_w4a8_kernel<kTokenTiles, kFp8, kGroups, kMma>;
 }
 
+// NIBBLE_MOE_CLOCKS: the counters, cycles a warp's stage by tile rows, to stderr (at exit).
+void print_moe_clocks() {
+  unsigned long long c[5][kClockCount];
+  if (cudaMemcpyFromSymbol(c, moe_clocks, sizeof(c)) != cudaSuccess) {
+    std::fprintf(stderr, "moe clocks: %s\n", cudaGetErrorString(cudaGetLastError()));
+    return;
+  }
+  for (int i = 0; i < 5; ++i) {
+    if (c[i][kClockStages] == 0) continue;
+    const double stages = static_cast<double>(c[i][kClockStages]), produced = static_cast<double>(c[i][kProducerStages]);
+    std::fprintf(stderr,
+                 "moe clocks %3d-row tiles: %llu consumer warps, %.1f stages each; cycles a consumer warp's stage: "
+                 "loop %.1f = full wait %.1f + chain %.1f + write-out %.1f + walk %.1f; producer: loop %.1f, "
+                 "empty wait %.1f a stage\n",
+                 8 << i, c[i][kClockWarps], stages / static_cast<double>(c[i][kClockWarps]), c[i][kClockLoop] / stages,
+                 c[i][kClockFull] / stages, c[i][kClockChain] / stages, c[i][kClockWriteout] / stages,
+                 c[i][kClockWalk] / stages, c[i][kProducerLoop] / produced, c[i][kProducerEmpty] / produced);
+  }
+}
+
 template <int kTokenTiles, bool kFp8, int kGroups, bool kMma = false>
 void launch(const GemmW4A8Args& p, cudaStream_t stream) {
+  if constexpr (NIBBLE_MOE_CLOCKS) {
+    static const bool registered = [] { return std::atexit(print_moe_clocks) == 0; }();
+    (void)registered;
+  }
   using T = Tile<kTokenTiles, kFp8, kGroups, kMma>;
   constexpr int kSmem = kSmemBytes<kTokenTiles, kFp8, kGroups, kMma>;
   // The blocks an INT4 tile's stages were sized for fit an SM's 228 KB (each with 1 KB the system
