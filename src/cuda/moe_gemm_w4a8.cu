@@ -147,6 +147,11 @@ constexpr int kMmaMaxTokenTiles = 0;
 #define NIBBLE_MOE_LEAVE_OUT_WRITEOUT 0
 #endif
 
+// An experiment: the wgmma tiles' producer as one lane, one `full` arrival a stage carrying all of its
+// bytes (-DNIBBLE_MOE_LEAN_PRODUCER=1).
+#ifndef NIBBLE_MOE_LEAN_PRODUCER
+#define NIBBLE_MOE_LEAN_PRODUCER 0
+#endif
 // A timing experiment: -DNIBBLE_MOE_CLOCKS=1 has every warp count the SM cycles of its parts (the
 // consumers' `full` waits, chains, write-outs and walk; the producer's `empty` waits), summed over the
 // process's launches by tile rows and printed at exit (stderr): where a stage's cycles go in the real
@@ -419,6 +424,34 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
       // sorted order: rows past the expert's belong to the next expert and only feed their own output
       // rows, which are not written; rows past the tensor read as zeros.
       const bool acts = !(p.leave_out & kActivations);
+      if (NIBBLE_MOE_LEAN_PRODUCER && prefetch == 0) {
+        // Lane 0 alone: one arrival a stage with all of its bytes, then the copies.
+        if (lane != 0) return;
+        const bool weights = !(p.leave_out & kWeights);
+        for (int step = 0; walk.valid(load); ++step) {
+          const int slot = step % kStages;
+          if (step >= kStages) ptx::mbarrier_wait(&sm.empty[slot], ((step / kStages) - 1) & 1);
+          const int first = load.kb_begin + load.stage * kBlocksPerStage;
+          const int nkb = min(kBlocksPerStage, load.kb_begin + load.kb_count - first);
+          const int tiles_now = step >= early && weights ? min(kWarps, tiles - load.group * kWarps) : 0;
+          const auto bytes = static_cast<uint32_t>(nkb * T::kWarpBlockBytes);
+          ptx::mbarrier_arrive_expect_tx(&sm.full[slot], bytes * tiles_now + (acts ? T::kActSlotBytes : 0));
+          const uint8_t* src = weights_at(load, load.group * kWarps, first);
+          for (int t = 0; t < tiles_now; ++t) {
+            const uint8_t* tile_src = src + static_cast<int64_t>(t) * walk.kblocks * T::kWarpBlockBytes;
+            if (p.evict_first)
+              ptx::bulk_copy_to_shared_evict_first(sm.weights[slot][t], tile_src, bytes, &sm.full[slot]);
+            else
+              ptx::bulk_copy_to_shared(sm.weights[slot][t], tile_src, bytes, &sm.full[slot]);
+          }
+          const int x = first * kGemmKBlock;
+          const int y = load.row_begin + load.chunk * kRows;
+          for (int h = 0; acts && h < 2; ++h)
+            ptx::tensor_copy_2d_to_shared(&sm.act[slot][h * T::kHalfBytes], &act_map, x + h * 128, y, &sm.full[slot]);
+          walk.advance(load, p);
+        }
+        return;
+      }
       [[maybe_unused]] uint32_t clock_begin = 0, clock_empty = 0;
       if constexpr (NIBBLE_MOE_CLOCKS) clock_begin = clock();
       int step = 0;
