@@ -561,10 +561,9 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
   // The chain's sums go into acc with an add and acc is zeroed after the chunk's write-out; ptxas then
   // adds a stage's sums into new registers and moves them back (48 of the 64-row tiles' 275
   // instructions a stage). Resetting acc by an FMA at a chunk's first stage instead (acc · 0 + d) kept
-  // them in place and measured the same on an H100 (bench/RESULTS.md, thirty-seventh session: Mixtral
-  // 128 tokens 363.9, 361.0 / 364.3, 362.1 µs; Grok-1 tp 2 128 580.4, 579.6 / 577.9, 576.4), and would
-  // carry a NaN row into the block's next chunks; so did adding the sums once the two chain widths'
-  // branches join.
+  // them in place but would carry a NaN row into the block's next chunks; its A/B (thirty-seventh
+  // session) timed the default build against itself (bench/RESULTS.md, forty-first session), so it is
+  // unmeasured.
   [[maybe_unused]] uint32_t clocks[kClockStages + 1] = {};
   [[maybe_unused]] uint32_t clock_mark = 0;
   // Cycles since the last mark into counter c (NIBBLE_MOE_CLOCKS).
@@ -698,8 +697,9 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
       // register, as CUTLASS's warpgroup_fence_operand) gave one arrive and eight QGMMA back to back, and
       // was slower: Mixtral 1024 tokens 1435.6 µs against 1378.7, Grok-1 tp 2 2284.7 against 2175.3
       // (bench/RESULTS.md, twenty-third session). So was A from shared memory with no weight loads at all
-      // (NIBBLE_MOE_PROBE=4: 1369.9). On the INT4 64-row tiles the same fence (thirty-fourth session, an
-      // H100) changed nothing: Mixtral and Grok-1 128 tokens, Mixtral 256, DeepSeek-V3 1024.
+      // (NIBBLE_MOE_PROBE=4: 1369.9). On the INT4 64-row tiles the same fence is unmeasured: its A/B
+      // (thirty-fourth session) timed the default build against itself (bench/RESULTS.md, forty-first
+      // session).
       auto chain = [&](auto width) {
         constexpr int kN = decltype(width)::value;
         float(&dn)[kN / 2] = *reinterpret_cast<float(*)[kN / 2]>(&d[0]);
