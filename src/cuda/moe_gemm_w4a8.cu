@@ -1011,11 +1011,12 @@ void print_moe_clocks() {
     const double stages = static_cast<double>(c[i][kClockStages]), produced = static_cast<double>(c[i][kProducerStages]);
     std::fprintf(stderr,
                  "moe clocks %3d-row tiles: %llu consumer warps, %.1f stages each; cycles a consumer warp's stage: "
-                 "loop %.1f = full wait %.1f + chain %.1f + write-out %.1f + walk %.1f; producer: loop %.1f, "
-                 "empty wait %.1f a stage\n",
+                 "loop %.1f = full wait %.1f + chain %.1f + write-out %.1f + walk %.1f; producer (wgmma tiles' "
+                 "warp loop; not the lean one): loop %.1f, empty wait %.1f a stage\n",
                  8 << i, c[i][kClockWarps], stages / static_cast<double>(c[i][kClockWarps]), c[i][kClockLoop] / stages,
                  c[i][kClockFull] / stages, c[i][kClockChain] / stages, c[i][kClockWriteout] / stages,
-                 c[i][kClockWalk] / stages, c[i][kProducerLoop] / produced, c[i][kProducerEmpty] / produced);
+                 c[i][kClockWalk] / stages, produced > 0 ? c[i][kProducerLoop] / produced : 0.0,
+                 produced > 0 ? c[i][kProducerEmpty] / produced : 0.0);
   }
 }
 
