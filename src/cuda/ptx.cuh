@@ -40,7 +40,8 @@ __device__ inline void mbarrier_expect_tx(uint64_t* bar, uint32_t bytes) {
 // Waits for the phase of `bar` with this parity to complete. Each try_wait may suspend the thread until
 // the phase completes or a time limit passes: a hint of NIBBLE_MBARRIER_SUSPEND_NS ns, which ptxas turns
 // into a NANOSLEEP.SYNCS between the tries (cuobjdump) rather than a YIELD, or the system's limit with
-// -DNIBBLE_MBARRIER_SUSPEND_NS=0. With the system's limit the wait loops of the MoE GEMM's consumers were
+// -DNIBBLE_MBARRIER_SUSPEND_NS=0, or no suspension at all with a negative value (an experiment: test_wait
+// in a spin loop). With the system's limit the wait loops of the MoE GEMM's consumers were
 // a quarter of their executed instructions (eighth session); the hint was measured together with
 // moe_gemm_w4a8.cu's lean consumer loop, which it is the default with.
 #ifndef NIBBLE_MBARRIER_SUSPEND_NS
@@ -52,7 +53,13 @@ __device__ inline void mbarrier_wait(uint64_t* bar, uint32_t parity) { mbarrier_
 __device__ inline void mbarrier_wait_at(uint32_t bar, uint32_t parity) {
   uint32_t done = 0;
   while (!done) {
-    if constexpr (NIBBLE_MBARRIER_SUSPEND_NS > 0) {
+    if constexpr (NIBBLE_MBARRIER_SUSPEND_NS < 0) {
+      asm volatile(
+          "{\n.reg .pred p;\nmbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+          : "=r"(done)
+          : "r"(bar), "r"(parity)
+          : "memory");
+    } else if constexpr (NIBBLE_MBARRIER_SUSPEND_NS > 0) {
       asm volatile(
           "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2, %3;\nselp.u32 %0, 1, 0, p;\n}\n"
           : "=r"(done)
