@@ -156,6 +156,14 @@ constexpr int kMmaMaxTokenTiles = 0;
 #define NIBBLE_MOE_LEAVE_OUT_WRITEOUT 0
 #endif
 
+// An experiment: the INT4 one-group 64-row tiles wait for a stage's chain in the next stage
+// (-DNIBBLE_MOE_LATE_WAIT_64=1: after that stage's `full` wait, =2: before it), so that the chain's
+// tensor work runs under the walk (and with 1 the next `full` wait); its sums are added, its slot
+// handed back and, at a chunk's last stage, the chunk written out then. Their consumer's chain is 680
+// SM cycles a stage where its n64 tensor work is 256 (bench/RESULTS.md, forty-second session).
+#ifndef NIBBLE_MOE_LATE_WAIT_64
+#define NIBBLE_MOE_LATE_WAIT_64 0
+#endif
 // An experiment: the wgmma tiles' producer as one lane, one `full` arrival a stage carrying all of its
 // bytes (-DNIBBLE_MOE_LEAN_PRODUCER=1).
 #ifndef NIBBLE_MOE_LEAN_PRODUCER
@@ -587,7 +595,13 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
   // gate_up / down without and with: Mixtral 128 tokens 225.6 / 115.8 against 220.3 / 111.5; 16-row
   // tiles lost (Mixtral 32 tokens 136.5 / 67.3 against 138.9 / 68.5; the engine at batch 32 9.52
   // against 9.80 ms a step), and keep their sums for the epilogue.
-  constexpr int kEarlySums = kMma || kFp8 || kRows < 64 || (kRows == 64 && !NIBBLE_MOE_EARLY_SUMS_64) ? 0 : 64 / kThreadsPerRow;
+  // The late wait (NIBBLE_MOE_LATE_WAIT_64) holds a chain's sums across stages: no early sums there (spills).
+  constexpr int kLate = kRows == 64 && !kFp8 && !kMma && kGroups == 1 && kProbe == kNoProbe && !T::kSplitRings &&
+                                !kSlotUnits && !NIBBLE_MOE_LEAVE_OUT_MATH
+                            ? NIBBLE_MOE_LATE_WAIT_64
+                            : 0;
+  constexpr int kEarlySums =
+      kMma || kFp8 || kRows < 64 || (kRows == 64 && (!NIBBLE_MOE_EARLY_SUMS_64 || kLate > 0)) ? 0 : 64 / kThreadsPerRow;
   [[maybe_unused]] float early_sums[kEarlySums > 0 ? kEarlySums : 1];
   [[maybe_unused]] float early_scale = 0.0f;
   auto act_row_of = [&](const Cursor& c) -> int64_t {
@@ -640,6 +654,150 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
       clock_mark = t;
     }
   };
+  // A chunk's write-out once its last stage is summed in acc (acc zeroed after): its rows' Σ a over the
+  // split's K blocks (INT4's offset correction; the first kEarlySums of them loaded early if `early`)
+  // and scales, then the tile's outputs.
+  auto write_out = [&](const Cursor& c, bool early) {
+    // Each row's Σ a over this split's K blocks (INT4's offset correction) and its scale.
+    const int64_t act_row = act_row_of(c);
+    float sum = 0.0f;
+    if (early) {
+#pragma unroll
+      for (int i = 0; i < kEarlySums; ++i) sum += early_sums[i];
+    }
+    if (!kFp8 && act_row >= 0) {
+      const float* sums = p.act_sums + act_row * walk.kblocks + c.kb_begin;
+#pragma unroll(kMma ? 4 : 8)
+      for (int kb = rpart + (early ? kEarlySums * kThreadsPerRow : 0); kb < c.kb_count; kb += kThreadsPerRow)
+        sum += sums[kb];
+    }
+#pragma unroll
+    for (int o = kThreadsPerRow / 2; o > 0; o /= 2) sum += __shfl_xor_sync(0xFFFFFFFFu, sum, o);
+    ptx::named_barrier_sync(1, kConsumers);  // every consumer is done with the previous chunk's rows
+    if (rpart == 0) {
+      sm.token_sum[rr] = sum;
+      sm.token_scale[rr] = kEarlySums > 0 && early ? early_scale : act_row >= 0 ? p.act_scale[act_row] : 0.0f;
+    }
+    if constexpr (kMma) {  // the partial sums of the other warps' channel tiles
+#pragma unroll
+      for (int mt = 0; mt < kWarps; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < kTokenTiles; ++nt) {
+          const float* d = &acc[(mt * kTokenTiles + nt) * 4];
+          if (mt != warp) sm.reduce[((warp * kWarps + mt) * kTokenTiles + nt) * 32 + lane] = {d[0], d[1], d[2], d[3]};
+        }
+    }
+    ptx::named_barrier_sync(1, kConsumers);
+    const int tile = c.group * kWarps + warp;
+    if (kMma && tile < tiles) {
+      // This warp's tile summed over the four warps' K blocks. Accumulator j of row tile nt: channel
+      // g (j < 2) or g + 8, row 8·nt + 2q + j % 2.
+      float sum[kTokenTiles][4];
+#pragma unroll
+      for (int nt = 0; nt < kTokenTiles; ++nt)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          float v = 0.0f;
+#pragma unroll
+          for (int mt = 0; mt < kWarps; ++mt)
+            if (mt == warp) v = acc[(mt * kTokenTiles + nt) * 4 + j];
+          sum[nt][j] = v;
+        }
+#pragma unroll
+      for (int other = 0; other < kWarps; ++other) {
+        if (other == warp) continue;
+#pragma unroll
+        for (int nt = 0; nt < kTokenTiles; ++nt) {
+          const float4 r = sm.reduce[((other * kWarps + warp) * kTokenTiles + nt) * 32 + lane];
+          sum[nt][0] += r.x, sum[nt][1] += r.y, sum[nt][2] += r.z, sum[nt][3] += r.w;
+        }
+      }
+      const float* wscale = p.weight_scale + static_cast<int64_t>(c.expert) * p.n;
+      float* out = p.out + (c.split * p.max_rows + c.row_begin + c.chunk * kRows) * p.n;
+#pragma unroll
+      for (int nt = 0; nt < kTokenTiles; ++nt)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const int row = nt * 8 + 2 * q + (j & 1);
+          const int64_t channel = tile * 16 + g + ((j & 2) ? 8 : 0);
+          if (c.chunk * kRows + row >= c.rows) continue;
+          const float dot =
+              sum[nt][j] * ((j & 2) ? int4_f16::kHighScale : int4_f16::kLowScale) - 8.0f * sm.token_sum[row];
+          out[row * p.n + channel] = dot * sm.token_scale[row] * wscale[channel];
+        }
+    }
+    // The wgmma tiles' rows out. Accumulator j: row group j / 4 of 8 rows; channels g (j % 4 < 2) or
+    // g + 8; row 2q + j % 2.
+    const float* wscale = p.weight_scale + static_cast<int64_t>(c.expert) * p.n;
+    const int64_t first_row = c.row_begin + c.chunk * kRows;
+    auto value = [&](int j, int row, int64_t channel) {
+      const float dot = kFp8 ? acc[j] : acc[j] * 512.0f - 8.0f * sm.token_sum[row];
+      return dot * sm.token_scale[row] * wscale[channel];
+    };
+    if (!kMma && tile < tiles) {
+      if (p.glu) {
+        // Rows g of the tile are gate channels, g + 8 the up ones of the same channels (kGluRows):
+        // the values written as the unfused epilogue writes them, then act(0 + gate) · (0 + up) as
+        // the activation kernels c them. With glu_amax, each row's amax over the warp's 8
+        // channels (the 8 lanes of one q share their rows) stored by lanes 0-3.
+        float* out = p.out + first_row * (p.n / 2);
+        const int64_t c16 = tile * 16 + g;
+#pragma unroll
+        for (int j = 0; j < kAcc; ++j) {
+          if (j & 2) continue;
+          const int row = (j / 4) * 8 + 2 * q + (j & 1);
+          const bool live = c.chunk * kRows + row < c.rows;
+          const float gate = value(j, row, c16), up = value(j + 2, row, c16 + 8);
+          const float h = activate(p.glu_activation, 0.0f + gate) * (0.0f + up);
+          if (live) out[row * (p.n / 2) + tile * 8 + g] = h;
+          // Tiles of 8 and 16 rows only (moe_gemm_w4a8_fuses_glu): in the 128-row kernel the shuffles
+          // made ptxas serialize the wgmmas (C7520).
+          if (kTokenTiles <= 2 && p.glu_amax != nullptr) {  // the same for the whole grid
+            float m = live ? fmaxf(0.0f, fabsf(h)) : 0.0f;  // NaN left out, as the activation kernels' max
+#pragma unroll
+            for (int o = 4; o < 32; o *= 2) m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, o));
+            if (g == 0 && live) p.glu_amax[(first_row + row) * (p.n / 16) + tile] = m;
+          }
+        }
+      } else {
+        float* out = p.out + (c.split * p.max_rows + first_row) * p.n;
+#pragma unroll
+        for (int j = 0; j < kAcc; ++j) {
+          const int row = (j / 4) * 8 + 2 * q + (j & 1);
+          const int64_t channel = tile * 16 + g + ((j & 2) ? 8 : 0);
+          if (c.chunk * kRows + row >= c.rows) continue;
+          out[row * p.n + channel] = value(j, row, channel);
+        }
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kAcc; ++j) acc[j] = 0.0f;
+    tick(kClockWriteout);
+  };
+  // kLate: the chain in flight (its sums in late_d, n64 or n32 wide), its slot and its cursor; its
+  // end: the wait, the slot handed back, then its sums added and at its chunk's last stage the chunk
+  // written out (a chunk of one stage loads no early sums: the next one's would overwrite them first).
+  // The wait is not in a branch: one there made ptxas serialize every wgmma (C7518).
+  [[maybe_unused]] float late_d[kAcc];
+  [[maybe_unused]] bool late_pending = false, late_wide = false;
+  [[maybe_unused]] int late_slot = 0;
+  [[maybe_unused]] Cursor late_cursor{};
+  [[maybe_unused]] auto late_wait = [&] {
+    wgmma::wait<0>();
+#pragma unroll
+    for (int j = 0; j < kAcc; ++j) asm volatile("" : "+f"(late_d[j])::"memory");
+    if (late_pending && lane == 0) ptx::mbarrier_arrive_at(empty0 + 8 * late_slot);
+  };
+  [[maybe_unused]] auto late_sums = [&] {
+#pragma unroll
+    for (int j = 0; j < kAcc / 2; ++j) acc[j] += late_d[j];
+    if (late_wide) {
+#pragma unroll
+      for (int j = kAcc / 2; j < kAcc; ++j) acc[j] += late_d[j];
+    }
+    if (!NIBBLE_MOE_LEAVE_OUT_WRITEOUT && late_cursor.stage == late_cursor.stages - 1)
+      write_out(late_cursor, late_cursor.stages > 1);
+  };
   if constexpr (NIBBLE_MOE_CLOCKS) clock_mark = clocks[kClockLoop] = clock();
   while (walk.valid(compute)) {
     if (++slot == kStages) slot = 0, parity ^= 1;
@@ -660,7 +818,8 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
     // only stage loads its sums after the wait, in the write-out.
     [[maybe_unused]] bool early_done = false;
     if constexpr (kEarlySums > 0) {
-      if (compute.stage == compute.stages - 1 && (!kSlotUnits || compute.stage > 0 || compute.chunk > 0)) {
+      if (compute.stage == compute.stages - 1 && (!kSlotUnits || compute.stage > 0 || compute.chunk > 0) &&
+          (!kLate || compute.stages > 1)) {
         early_done = true;
         const int64_t act_row = act_row_of(compute);
         const float* sums = p.act_sums + (act_row >= 0 ? act_row : 0) * walk.kblocks + compute.kb_begin;
@@ -673,8 +832,14 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
       }
     }
     tick(kClockWalk);  // the early sums' loads count as the walk's
+    if constexpr (kLate == 2) late_wait();
     wait_full();
     tick(kClockFull);
+    if constexpr (kLate > 0) {
+      if constexpr (kLate == 1) late_wait();
+      tick(kClockChain);
+      if (late_pending) late_sums();
+    }
     if constexpr (kSlotUnits) {
       const int4 u = sm.unit[slot];
       compute.expert = u.x, compute.row_begin = u.y;
@@ -779,7 +944,7 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
       // session).
       auto chain = [&](auto width) {
         constexpr int kN = decltype(width)::value;
-        float(&dn)[kN / 2] = *reinterpret_cast<float(*)[kN / 2]>(&d[0]);
+        float(&dn)[kN / 2] = *reinterpret_cast<float(*)[kN / 2]>(kLate ? &late_d[0] : &d[0]);
         if constexpr (turns) ptx::named_barrier_sync(2 + group_in_block, kConsumers);
         wgmma::fence();
 #pragma unroll
@@ -796,9 +961,13 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
         }
         wgmma::commit();
         if constexpr (turns) ptx::named_barrier_arrive(2 + (group_in_block ^ 1), kConsumers);
-        wgmma::wait<0>();
+        if constexpr (kLate > 0) {
+          late_wide = kN > kRows / 2;  // waited for, added and its slot handed back in the next stage
+        } else {
+          wgmma::wait<0>();
 #pragma unroll
-        for (int j = 0; j < kN / 2; ++j) acc[j] += dn[j];
+          for (int j = 0; j < kN / 2; ++j) acc[j] += dn[j];
+        }
       };
       // The chain's width (tiles of 64 and 128 rows, with narrow chains): the narrowest multiple of 32
       // rows (the narrowest wgmma at the tensor cores' full rate, bench/probe_tensor_rate.cu) that holds
@@ -812,130 +981,22 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
       const int live_rows = p.narrow_chains ? compute.rows - compute.chunk * kRows : kRows;
       with_width<kRows, (kNarrow ? 32 : kRows)>(live_rows, chain);
     }
-    if (lane == 0) release();  // this warp is done reading the slot
+    if (kLate > 0) {
+      late_pending = true, late_slot = slot, late_cursor = compute;
+    } else if (lane == 0) {
+      release();  // this warp is done reading the slot
+    }
     }
     tick(kClockChain);
     if constexpr (NIBBLE_MOE_CLOCKS) ++clocks[kClockStages];
 
-    if (!NIBBLE_MOE_LEAVE_OUT_WRITEOUT && compute.stage == compute.stages - 1) {  // the chunk's last stage: write its rows out
-      // Each row's Σ a over this split's K blocks (INT4's offset correction) and its scale.
-      const int64_t act_row = act_row_of(compute);
-      const bool early = !kSlotUnits || early_done;  // the early sums were loaded (kEarlySums > 0)
-      float sum = 0.0f;
-      if (early) {
-#pragma unroll
-        for (int i = 0; i < kEarlySums; ++i) sum += early_sums[i];
-      }
-      if (!kFp8 && act_row >= 0) {
-        const float* sums = p.act_sums + act_row * walk.kblocks + compute.kb_begin;
-#pragma unroll(kMma ? 4 : 8)
-        for (int kb = rpart + (early ? kEarlySums * kThreadsPerRow : 0); kb < compute.kb_count; kb += kThreadsPerRow)
-          sum += sums[kb];
-      }
-#pragma unroll
-      for (int o = kThreadsPerRow / 2; o > 0; o /= 2) sum += __shfl_xor_sync(0xFFFFFFFFu, sum, o);
-      ptx::named_barrier_sync(1, kConsumers);  // every consumer is done with the previous chunk's rows
-      if (rpart == 0) {
-        sm.token_sum[rr] = sum;
-        sm.token_scale[rr] = kEarlySums > 0 && early ? early_scale : act_row >= 0 ? p.act_scale[act_row] : 0.0f;
-      }
-      if constexpr (kMma) {  // the partial sums of the other warps' channel tiles
-#pragma unroll
-        for (int mt = 0; mt < kWarps; ++mt)
-#pragma unroll
-          for (int nt = 0; nt < kTokenTiles; ++nt) {
-            const float* d = &acc[(mt * kTokenTiles + nt) * 4];
-            if (mt != warp) sm.reduce[((warp * kWarps + mt) * kTokenTiles + nt) * 32 + lane] = {d[0], d[1], d[2], d[3]};
-          }
-      }
-      ptx::named_barrier_sync(1, kConsumers);
-      const int tile = compute.group * kWarps + warp;
-      if (kMma && tile < tiles) {
-        // This warp's tile summed over the four warps' K blocks. Accumulator j of row tile nt: channel
-        // g (j < 2) or g + 8, row 8·nt + 2q + j % 2.
-        float sum[kTokenTiles][4];
-#pragma unroll
-        for (int nt = 0; nt < kTokenTiles; ++nt)
-#pragma unroll
-          for (int j = 0; j < 4; ++j) {
-            float v = 0.0f;
-#pragma unroll
-            for (int mt = 0; mt < kWarps; ++mt)
-              if (mt == warp) v = acc[(mt * kTokenTiles + nt) * 4 + j];
-            sum[nt][j] = v;
-          }
-#pragma unroll
-        for (int other = 0; other < kWarps; ++other) {
-          if (other == warp) continue;
-#pragma unroll
-          for (int nt = 0; nt < kTokenTiles; ++nt) {
-            const float4 r = sm.reduce[((other * kWarps + warp) * kTokenTiles + nt) * 32 + lane];
-            sum[nt][0] += r.x, sum[nt][1] += r.y, sum[nt][2] += r.z, sum[nt][3] += r.w;
-          }
-        }
-        const float* wscale = p.weight_scale + static_cast<int64_t>(compute.expert) * p.n;
-        float* out = p.out + (compute.split * p.max_rows + compute.row_begin + compute.chunk * kRows) * p.n;
-#pragma unroll
-        for (int nt = 0; nt < kTokenTiles; ++nt)
-#pragma unroll
-          for (int j = 0; j < 4; ++j) {
-            const int row = nt * 8 + 2 * q + (j & 1);
-            const int64_t channel = tile * 16 + g + ((j & 2) ? 8 : 0);
-            if (compute.chunk * kRows + row >= compute.rows) continue;
-            const float dot =
-                sum[nt][j] * ((j & 2) ? int4_f16::kHighScale : int4_f16::kLowScale) - 8.0f * sm.token_sum[row];
-            out[row * p.n + channel] = dot * sm.token_scale[row] * wscale[channel];
-          }
-      }
-      // The wgmma tiles' rows out. Accumulator j: row group j / 4 of 8 rows; channels g (j % 4 < 2) or
-      // g + 8; row 2q + j % 2.
-      const float* wscale = p.weight_scale + static_cast<int64_t>(compute.expert) * p.n;
-      const int64_t first_row = compute.row_begin + compute.chunk * kRows;
-      auto value = [&](int j, int row, int64_t channel) {
-        const float dot = kFp8 ? acc[j] : acc[j] * 512.0f - 8.0f * sm.token_sum[row];
-        return dot * sm.token_scale[row] * wscale[channel];
-      };
-      if (!kMma && tile < tiles) {
-        if (p.glu) {
-          // Rows g of the tile are gate channels, g + 8 the up ones of the same channels (kGluRows):
-          // the values written as the unfused epilogue writes them, then act(0 + gate) · (0 + up) as
-          // the activation kernels compute them. With glu_amax, each row's amax over the warp's 8
-          // channels (the 8 lanes of one q share their rows) stored by lanes 0-3.
-          float* out = p.out + first_row * (p.n / 2);
-          const int64_t c16 = tile * 16 + g;
-#pragma unroll
-          for (int j = 0; j < kAcc; ++j) {
-            if (j & 2) continue;
-            const int row = (j / 4) * 8 + 2 * q + (j & 1);
-            const bool live = compute.chunk * kRows + row < compute.rows;
-            const float gate = value(j, row, c16), up = value(j + 2, row, c16 + 8);
-            const float h = activate(p.glu_activation, 0.0f + gate) * (0.0f + up);
-            if (live) out[row * (p.n / 2) + tile * 8 + g] = h;
-            // Tiles of 8 and 16 rows only (moe_gemm_w4a8_fuses_glu): in the 128-row kernel the shuffles
-            // made ptxas serialize the wgmmas (C7520).
-            if (kTokenTiles <= 2 && p.glu_amax != nullptr) {  // the same for the whole grid
-              float m = live ? fmaxf(0.0f, fabsf(h)) : 0.0f;  // NaN left out, as the activation kernels' max
-#pragma unroll
-              for (int o = 4; o < 32; o *= 2) m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, o));
-              if (g == 0 && live) p.glu_amax[(first_row + row) * (p.n / 16) + tile] = m;
-            }
-          }
-        } else {
-          float* out = p.out + (compute.split * p.max_rows + first_row) * p.n;
-#pragma unroll
-          for (int j = 0; j < kAcc; ++j) {
-            const int row = (j / 4) * 8 + 2 * q + (j & 1);
-            const int64_t channel = tile * 16 + g + ((j & 2) ? 8 : 0);
-            if (compute.chunk * kRows + row >= compute.rows) continue;
-            out[row * p.n + channel] = value(j, row, channel);
-          }
-        }
-      }
-#pragma unroll
-      for (int j = 0; j < kAcc; ++j) acc[j] = 0.0f;
-      tick(kClockWriteout);
-    }
+    if (!kLate && !NIBBLE_MOE_LEAVE_OUT_WRITEOUT && compute.stage == compute.stages - 1)  // the chunk's last stage
+      write_out(compute, !kSlotUnits || early_done);  // the early sums were loaded (kEarlySums > 0)
     walk.advance(compute, p);
+  }
+  if constexpr (kLate > 0) {
+    late_wait();
+    if (late_pending) late_sums();
   }
   if constexpr (NIBBLE_MOE_CLOCKS) {
     clocks[kClockLoop] = clock() - clocks[kClockLoop];
