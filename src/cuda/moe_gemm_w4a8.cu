@@ -156,14 +156,6 @@ constexpr int kMmaMaxTokenTiles = 0;
 #define NIBBLE_MOE_LEAVE_OUT_WRITEOUT 0
 #endif
 
-// An experiment: the INT4 one-group 64-row tiles wait for a stage's chain in the next stage
-// (-DNIBBLE_MOE_LATE_WAIT_64=1: after that stage's `full` wait, =2: before it), so that the chain's
-// tensor work runs under the walk (and with 1 the next `full` wait); its sums are added, its slot
-// handed back and, at a chunk's last stage, the chunk written out then. Their consumer's chain is 680
-// SM cycles a stage where its n64 tensor work is 256 (bench/RESULTS.md, forty-second session).
-#ifndef NIBBLE_MOE_LATE_WAIT_64
-#define NIBBLE_MOE_LATE_WAIT_64 0
-#endif
 // An experiment: the wgmma tiles' producer as one lane, one `full` arrival a stage carrying all of its
 // bytes (-DNIBBLE_MOE_LEAN_PRODUCER=1).
 #ifndef NIBBLE_MOE_LEAN_PRODUCER
@@ -595,13 +587,7 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
   // gate_up / down without and with: Mixtral 128 tokens 225.6 / 115.8 against 220.3 / 111.5; 16-row
   // tiles lost (Mixtral 32 tokens 136.5 / 67.3 against 138.9 / 68.5; the engine at batch 32 9.52
   // against 9.80 ms a step), and keep their sums for the epilogue.
-  // The late wait (NIBBLE_MOE_LATE_WAIT_64) holds a chain's sums across stages: no early sums there (spills).
-  constexpr int kLate = kRows == 64 && !kFp8 && !kMma && kGroups == 1 && kProbe == kNoProbe && !T::kSplitRings &&
-                                !kSlotUnits && !NIBBLE_MOE_LEAVE_OUT_MATH
-                            ? NIBBLE_MOE_LATE_WAIT_64
-                            : 0;
-  constexpr int kEarlySums =
-      kMma || kFp8 || kRows < 64 || (kRows == 64 && (!NIBBLE_MOE_EARLY_SUMS_64 || kLate > 0)) ? 0 : 64 / kThreadsPerRow;
+  constexpr int kEarlySums = kMma || kFp8 || kRows < 64 || (kRows == 64 && !NIBBLE_MOE_EARLY_SUMS_64) ? 0 : 64 / kThreadsPerRow;
   [[maybe_unused]] float early_sums[kEarlySums > 0 ? kEarlySums : 1];
   [[maybe_unused]] float early_scale = 0.0f;
   auto act_row_of = [&](const Cursor& c) -> int64_t {
@@ -774,30 +760,6 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
     for (int j = 0; j < kAcc; ++j) acc[j] = 0.0f;
     tick(kClockWriteout);
   };
-  // kLate: the chain in flight (its sums in late_d, n64 or n32 wide), its slot and its cursor; its
-  // end: the wait, the slot handed back, then its sums added and at its chunk's last stage the chunk
-  // written out (a chunk of one stage loads no early sums: the next one's would overwrite them first).
-  // The wait is not in a branch: one there made ptxas serialize every wgmma (C7518).
-  [[maybe_unused]] float late_d[kAcc];
-  [[maybe_unused]] bool late_pending = false, late_wide = false;
-  [[maybe_unused]] int late_slot = 0;
-  [[maybe_unused]] Cursor late_cursor{};
-  [[maybe_unused]] auto late_wait = [&] {
-    wgmma::wait<0>();
-#pragma unroll
-    for (int j = 0; j < kAcc; ++j) asm volatile("" : "+f"(late_d[j])::"memory");
-    if (late_pending && lane == 0) ptx::mbarrier_arrive_at(empty0 + 8 * late_slot);
-  };
-  [[maybe_unused]] auto late_sums = [&] {
-#pragma unroll
-    for (int j = 0; j < kAcc / 2; ++j) acc[j] += late_d[j];
-    if (late_wide) {
-#pragma unroll
-      for (int j = kAcc / 2; j < kAcc; ++j) acc[j] += late_d[j];
-    }
-    if (!NIBBLE_MOE_LEAVE_OUT_WRITEOUT && late_cursor.stage == late_cursor.stages - 1)
-      write_out(late_cursor, late_cursor.stages > 1);
-  };
   if constexpr (NIBBLE_MOE_CLOCKS) clock_mark = clocks[kClockLoop] = clock();
   while (walk.valid(compute)) {
     if (++slot == kStages) slot = 0, parity ^= 1;
@@ -818,8 +780,7 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
     // only stage loads its sums after the wait, in the write-out.
     [[maybe_unused]] bool early_done = false;
     if constexpr (kEarlySums > 0) {
-      if (compute.stage == compute.stages - 1 && (!kSlotUnits || compute.stage > 0 || compute.chunk > 0) &&
-          (!kLate || compute.stages > 1)) {
+      if (compute.stage == compute.stages - 1 && (!kSlotUnits || compute.stage > 0 || compute.chunk > 0)) {
         early_done = true;
         const int64_t act_row = act_row_of(compute);
         const float* sums = p.act_sums + (act_row >= 0 ? act_row : 0) * walk.kblocks + compute.kb_begin;
@@ -832,14 +793,8 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
       }
     }
     tick(kClockWalk);  // the early sums' loads count as the walk's
-    if constexpr (kLate == 2) late_wait();
     wait_full();
     tick(kClockFull);
-    if constexpr (kLate > 0) {
-      if constexpr (kLate == 1) late_wait();
-      tick(kClockChain);
-      if (late_pending) late_sums();
-    }
     if constexpr (kSlotUnits) {
       const int4 u = sm.unit[slot];
       compute.expert = u.x, compute.row_begin = u.y;
@@ -944,7 +899,7 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
       // session).
       auto chain = [&](auto width) {
         constexpr int kN = decltype(width)::value;
-        float(&dn)[kN / 2] = *reinterpret_cast<float(*)[kN / 2]>(kLate ? &late_d[0] : &d[0]);
+        float(&dn)[kN / 2] = *reinterpret_cast<float(*)[kN / 2]>(&d[0]);
         if constexpr (turns) ptx::named_barrier_sync(2 + group_in_block, kConsumers);
         wgmma::fence();
 #pragma unroll
@@ -961,13 +916,9 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
         }
         wgmma::commit();
         if constexpr (turns) ptx::named_barrier_arrive(2 + (group_in_block ^ 1), kConsumers);
-        if constexpr (kLate > 0) {
-          late_wide = kN > kRows / 2;  // waited for, added and its slot handed back in the next stage
-        } else {
-          wgmma::wait<0>();
+        wgmma::wait<0>();
 #pragma unroll
-          for (int j = 0; j < kN / 2; ++j) acc[j] += dn[j];
-        }
+        for (int j = 0; j < kN / 2; ++j) acc[j] += dn[j];
       };
       // The chain's width (tiles of 64 and 128 rows, with narrow chains): the narrowest multiple of 32
       // rows (the narrowest wgmma at the tensor cores' full rate, bench/probe_tensor_rate.cu) that holds
@@ -981,22 +932,14 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
       const int live_rows = p.narrow_chains ? compute.rows - compute.chunk * kRows : kRows;
       with_width<kRows, (kNarrow ? 32 : kRows)>(live_rows, chain);
     }
-    if (kLate > 0) {
-      late_pending = true, late_slot = slot, late_cursor = compute;
-    } else if (lane == 0) {
-      release();  // this warp is done reading the slot
-    }
+    if (lane == 0) release();  // this warp is done reading the slot
     }
     tick(kClockChain);
     if constexpr (NIBBLE_MOE_CLOCKS) ++clocks[kClockStages];
 
-    if (!kLate && !NIBBLE_MOE_LEAVE_OUT_WRITEOUT && compute.stage == compute.stages - 1)  // the chunk's last stage
+    if (!NIBBLE_MOE_LEAVE_OUT_WRITEOUT && compute.stage == compute.stages - 1)  // the chunk's last stage
       write_out(compute, !kSlotUnits || early_done);  // the early sums were loaded (kEarlySums > 0)
     walk.advance(compute, p);
-  }
-  if constexpr (kLate > 0) {
-    late_wait();
-    if (late_pending) late_sums();
   }
   if constexpr (NIBBLE_MOE_CLOCKS) {
     clocks[kClockLoop] = clock() - clocks[kClockLoop];
