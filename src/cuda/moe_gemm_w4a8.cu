@@ -156,10 +156,17 @@ constexpr int kMmaMaxTokenTiles = 0;
 #define NIBBLE_MOE_LEAVE_OUT_WRITEOUT 0
 #endif
 
-// An experiment: the wgmma tiles' producer as one lane, one `full` arrival a stage carrying all of its
-// bytes (-DNIBBLE_MOE_LEAN_PRODUCER=1).
+// The lean producer: lane 0 of the producer warp alone, one `full` arrival a stage carrying all of its
+// bytes, then the copies (rather than a lane a consumer warp's weights, whose bulk copies ptxas
+// serializes in an ELECT loop, two __syncwarp and two barrier operations a stage). Where:
+// NIBBLE_MOE_LEAN_PRODUCER 1 (default) the INT4 one-group 64-row tiles, 2 every wgmma tile, 0 none.
+// Measured on an H100 (bench/RESULTS.md, forty-second session, the layer graph-replayed, µs, head /
+// lean on every tile): Mixtral:128 361.4, 362.0, 360.9, 361.9 / 357.4, 358.8, 358.0, 358.2; Grok-1:128
+// 578.2, 579.2, 578.6, 581.6 / 566.7, 570.3, 568.3, 570.1; DeepSeek-V3:1024 3012.3 / 2989.4; but
+// Mixtral:256 (128-row tiles) 486.3, 484.3 / 521.9, 527.6 and Mixtral:1 80.0, 80.0 / 81.3, 81.3
+// (Mixtral:32 and DeepSeek-V3:8 equal).
 #ifndef NIBBLE_MOE_LEAN_PRODUCER
-#define NIBBLE_MOE_LEAN_PRODUCER 0
+#define NIBBLE_MOE_LEAN_PRODUCER 1
 #endif
 // A timing experiment: -DNIBBLE_MOE_CLOCKS=1 has every warp count the SM cycles of its parts (the
 // consumers' `full` waits, chains, write-outs and walk; the producer's `empty` waits), summed over the
@@ -475,7 +482,9 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
       // sorted order: rows past the expert's belong to the next expert and only feed their own output
       // rows, which are not written; rows past the tensor read as zeros.
       const bool acts = !(p.leave_out & kActivations);
-      if (NIBBLE_MOE_LEAN_PRODUCER && !T::kSplitRings && prefetch == 0) {
+      constexpr bool kLeanProducer =
+          NIBBLE_MOE_LEAN_PRODUCER >= 2 || (NIBBLE_MOE_LEAN_PRODUCER == 1 && kTokenTiles == 8 && !kFp8 && kGroups == 1);
+      if (kLeanProducer && !T::kSplitRings && prefetch == 0) {
         // Lane 0 alone: one arrival a stage with all of its bytes, then the copies.
         if (lane != 0) return;
         const bool weights = !(p.leave_out & kWeights);
