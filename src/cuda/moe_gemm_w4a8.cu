@@ -141,15 +141,6 @@ constexpr int kMmaMaxTokenTiles = 0;
 #ifndef NIBBLE_MOE_TURNS
 #define NIBBLE_MOE_TURNS 1
 #endif
-// Slots of the activations' own ring in the INT4 wgmma tiles of 32 rows and more (Tile::kSplitRings); 0
-// keeps one ring of stages holding both (an experiment builds -DNIBBLE_MOE_ACT_STAGES=2).
-#ifndef NIBBLE_MOE_ACT_STAGES
-#define NIBBLE_MOE_ACT_STAGES 0
-#endif
-// The smallest tiles (in 8-row tiles) that take split rings (-DNIBBLE_MOE_ACT_RINGS_FROM=1: every wgmma tile).
-#ifndef NIBBLE_MOE_ACT_RINGS_FROM
-#define NIBBLE_MOE_ACT_RINGS_FROM 4
-#endif
 // A timing experiment (wrong results): the consumers skip each chunk's write-out, their sums summed
 // over the block's chunks (-DNIBBLE_MOE_LEAVE_OUT_WRITEOUT=1).
 #ifndef NIBBLE_MOE_LEAVE_OUT_WRITEOUT
@@ -241,19 +232,8 @@ struct Tile {
   // shared memory allows.
   static constexpr int kMinBlocks = kGroups == 1 ? (kTokenTiles <= 2 ? NIBBLE_MOE_BLOCKS_1G : kTokenTiles == 4 ? 3 : NIBBLE_MOE_BLOCKS_1G_64)
                                                  : (kTokenTiles <= 2 ? NIBBLE_MOE_BLOCKS_2G : 1);
-  // Split rings (NIBBLE_MOE_ACT_STAGES > 0; INT4 wgmma tiles of 32 rows and more): the activations, L2
-  // hits, in kActStages slots of their own, and the weights, which stream from HBM, in as many as the
-  // rest of the block's share holds (kStages): with one ring the 64- and 128-row tiles keep 64 KB of
-  // weights an SM in flight, the 8- and 16-row tiles 160 KB.
-  static constexpr bool kSplitRings =
-      !kMma && !kFp8 && kTokenTiles >= NIBBLE_MOE_ACT_RINGS_FROM && NIBBLE_MOE_ACT_STAGES > 0;
-  static constexpr int kWeightStageBytes = kBlocksPerStage * kWarps * kWarpBlockBytes;
-  static constexpr int kShare = 220 * 1024 / kMinBlocks - 2048 - (kMma ? kReduceSlots * 16 : 0);
-  static constexpr int kActStagesSplit = kSplitRings ? NIBBLE_MOE_ACT_STAGES : 1;
   static constexpr int kStages =
-      kSplitRings ? std::clamp((kShare - kActStagesSplit * kActSlotBytes) / kWeightStageBytes, 3, 16)
-                  : std::clamp(kShare / kStageBytes, 3, 8);
-  static constexpr int kActStages = kSplitRings ? kActStagesSplit : kStages;
+      std::clamp((220 * 1024 / kMinBlocks - 2048 - (kMma ? kReduceSlots * 16 : 0)) / kStageBytes, 3, 8);
 };
 
 // One stage: each warp's weight fragments for the stage's K blocks (one contiguous bulk copy a warp;
@@ -264,17 +244,13 @@ struct alignas(128) GemmSmem {
   using T = Tile<kTokenTiles, kFp8, kGroups, kMma>;
   static_assert(sizeof(uint4) * T::kWarps * kBlocksPerStage * 32 * T::kLaneWords % 1024 == 0);
   uint4 weights[T::kStages][T::kWarps][kBlocksPerStage][32 * T::kLaneWords];
-  uint8_t act[T::kActStages][T::kActSlotBytes];
-  uint64_t full[T::kStages];   // a slot's weights (and, one ring, activations) have landed
+  uint8_t act[T::kStages][T::kActSlotBytes];
+  uint64_t full[T::kStages];   // a slot's weights and activations have landed
   uint64_t empty[T::kStages];  // the consumers are done with a slot
   float token_sum[T::kRows];
   float token_scale[T::kRows];
   float4 reduce[T::kReduceSlots];
   int4 unit[T::kStages];  // kSlotUnits: the slot's unit (expert, first row, rows)
-  // Split rings (last, so that the other fields keep their offsets): an activation slot has landed,
-  // and the consumers are done with it.
-  uint64_t act_full[T::kSplitRings ? T::kActStages : 1];
-  uint64_t act_empty[T::kSplitRings ? T::kActStages : 1];
 };
 
 // The dynamic shared memory a block asks for: the layout, and (wgmma: swizzled activations) room to
@@ -341,7 +317,7 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
     moe_gemm_w4a8_kernel(const __grid_constant__ GemmW4A8Args p, const __grid_constant__ ActMap<kMma> act_map) {
   using T = Tile<kTokenTiles, kFp8, kGroups, kMma>;
   constexpr int kRows = T::kRows, kStages = T::kStages, kWarps = T::kWarps, kConsumers = T::kConsumers;
-  constexpr bool kSlotUnits = NIBBLE_MOE_SLOT_UNITS && !T::kWide && !T::kSplitRings;
+  constexpr bool kSlotUnits = NIBBLE_MOE_SLOT_UNITS && !T::kWide;
   // f32 accumulator registers a thread: an m64 × kRows wgmma tile, or mma.sync's 4 channel tiles ×
   // kTokenTiles row tiles × 4.
   constexpr int kAcc = kMma ? kWarps * kTokenTiles * 4 : kRows / 2;
@@ -368,10 +344,6 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
       ptx::mbarrier_init(&sm.full[s], 1);  // the producer's arrival with its expected bytes
       ptx::mbarrier_init(&sm.empty[s], kMma ? kConsumers : kWarps);  // mma.sync: every lane arrives
     }
-    for (int s = 0; T::kSplitRings && s < T::kActStages; ++s) {
-      ptx::mbarrier_init(&sm.act_full[s], 1);
-      ptx::mbarrier_init(&sm.act_empty[s], kWarps);
-    }
     ptx::fence_mbarrier_init();
   }
   __syncthreads();
@@ -389,12 +361,7 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
     const int nkb = min(kBlocksPerStage, c.kb_begin + c.kb_count - first);
     const int valid_tiles = (p.leave_out & kWeights) ? 0 : min(kWarps, tiles - c.group * kWarps);
     const auto bytes = static_cast<uint32_t>(nkb * T::kWarpBlockBytes);
-    if (lane == 0) {  // split rings: the producer's arrival (else it comes with the activations)
-      if constexpr (T::kSplitRings)
-        ptx::mbarrier_arrive_expect_tx(&sm.full[slot], bytes * valid_tiles);
-      else
-        ptx::mbarrier_expect_tx(&sm.full[slot], bytes * valid_tiles);
-    }
+    if (lane == 0) ptx::mbarrier_expect_tx(&sm.full[slot], bytes * valid_tiles);
     __syncwarp();
     if (lane < valid_tiles) {
       const uint8_t* src = weights_at(c, c.group * kWarps + lane, first);
@@ -484,7 +451,7 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
       const bool acts = !(p.leave_out & kActivations);
       constexpr bool kLeanProducer =
           NIBBLE_MOE_LEAN_PRODUCER >= 2 || (NIBBLE_MOE_LEAN_PRODUCER == 1 && kTokenTiles == 8 && !kFp8 && kGroups == 1);
-      if (kLeanProducer && !T::kSplitRings && prefetch == 0) {
+      if (kLeanProducer && prefetch == 0) {
         // Lane 0 alone: one arrival a stage with all of its bytes, then the copies.
         if (lane != 0) return;
         const bool weights = !(p.leave_out & kWeights);
@@ -515,26 +482,6 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
       }
       [[maybe_unused]] uint32_t clock_begin = 0, clock_empty = 0;
       if constexpr (NIBBLE_MOE_CLOCKS) clock_begin = clock();
-      // Split rings: a cursor's activations into slot `slot` of `act`, completing on `bar` (lane 0).
-      auto copy_acts = [&](const Cursor& c, int slot, uint64_t* bar) {
-        if (lane == 0) {
-          ptx::mbarrier_arrive_expect_tx(bar, acts ? T::kActSlotBytes : 0);
-          const int x = (c.kb_begin + c.stage * kBlocksPerStage) * kGemmKBlock;
-          const int y = c.row_begin + c.chunk * kRows;
-          for (int h = 0; acts && h < 2; ++h)
-            ptx::tensor_copy_2d_to_shared(&sm.act[slot][h * T::kHalfBytes], &act_map, x + h * 128, y, bar);
-        }
-        __syncwarp();
-      };
-      // Split rings: the activations of step u, kStages - kActStages steps behind the weights'.
-      Cursor act_load = start;
-      auto next_acts = [&](int u) {
-        const int aslot = u % T::kActStages;
-        if (u >= T::kActStages) ptx::mbarrier_wait(&sm.act_empty[aslot], ((u / T::kActStages) - 1) & 1);
-        copy_acts(act_load, aslot, &sm.act_full[aslot]);
-        walk.advance(act_load, p);
-      };
-      constexpr int kLag = kStages - T::kActStages;
       int step = 0;
       for (; walk.valid(load); ++step) {
         const int slot = step % kStages;
@@ -546,25 +493,19 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
           if (step >= kStages) ptx::mbarrier_wait(&sm.empty[slot], ((step / kStages) - 1) & 1);
         }
         if (step >= early) copy_weights(load, slot);
-        if constexpr (T::kSplitRings) {
-          if (step >= kLag) next_acts(step - kLag);
-        } else {
-          if (lane == 0) {
-            if constexpr (kSlotUnits) sm.unit[slot] = make_int4(load.expert, load.row_begin, load.rows, 0);
-            ptx::mbarrier_arrive_expect_tx(&sm.full[slot], acts ? T::kActSlotBytes : 0);
-            const int x = (load.kb_begin + load.stage * kBlocksPerStage) * kGemmKBlock;
-            const int y = load.row_begin + load.chunk * kRows;
-            for (int h = 0; acts && h < 2; ++h)
-              ptx::tensor_copy_2d_to_shared(&sm.act[slot][h * T::kHalfBytes], &act_map, x + h * 128, y,
-                                            &sm.full[slot]);
-          }
-          __syncwarp();
+        if (lane == 0) {
+          if constexpr (kSlotUnits) sm.unit[slot] = make_int4(load.expert, load.row_begin, load.rows, 0);
+          ptx::mbarrier_arrive_expect_tx(&sm.full[slot], acts ? T::kActSlotBytes : 0);
+          const int x = (load.kb_begin + load.stage * kBlocksPerStage) * kGemmKBlock;
+          const int y = load.row_begin + load.chunk * kRows;
+          for (int h = 0; acts && h < 2; ++h)
+            ptx::tensor_copy_2d_to_shared(&sm.act[slot][h * T::kHalfBytes], &act_map, x + h * 128, y,
+                                          &sm.full[slot]);
         }
+        __syncwarp();
         walk.advance(load, p);
         if (prefetch > 0 && walk.valid(ahead)) prefetch_next();
       }
-      if constexpr (T::kSplitRings)
-        for (int u = max(0, step - kLag); walk.valid(act_load); ++u) next_acts(u);
       if constexpr (NIBBLE_MOE_CLOCKS) {
         add_clock<kTokenTiles>(kProducerLoop, clock() - clock_begin);
         add_clock<kTokenTiles>(kProducerEmpty, clock_empty);
@@ -626,13 +567,6 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
   const uint32_t empty0 = __shfl_sync(0xFFFFFFFFu, ptx::smem_address(&sm.empty[0]), 0);
   int slot = kStages - 1;
   uint32_t parity = 1;
-  // Split rings: the activations' slot and parity, and their barriers' addresses.
-  [[maybe_unused]] const uint32_t act_full0 =
-      T::kSplitRings ? __shfl_sync(0xFFFFFFFFu, ptx::smem_address(&sm.act_full[0]), 0) : 0;
-  [[maybe_unused]] const uint32_t act_empty0 =
-      T::kSplitRings ? __shfl_sync(0xFFFFFFFFu, ptx::smem_address(&sm.act_empty[0]), 0) : 0;
-  int act_slot = T::kActStages - 1;
-  uint32_t act_parity = 1;
   // The chain's sums go into acc with an add and acc is zeroed after the chunk's write-out; ptxas then
   // adds a stage's sums into new registers and moves them back (48 of the 64-row tiles' 275
   // instructions a stage). Resetting acc by an FMA at a chunk's first stage instead (acc · 0 + d) kept
@@ -772,19 +706,8 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
   if constexpr (NIBBLE_MOE_CLOCKS) clock_mark = clocks[kClockLoop] = clock();
   while (walk.valid(compute)) {
     if (++slot == kStages) slot = 0, parity ^= 1;
-    if constexpr (T::kSplitRings) {
-      if (++act_slot == T::kActStages) act_slot = 0, act_parity ^= 1;
-    } else {
-      act_slot = slot;
-    }
-    auto wait_full = [&] {
-      ptx::mbarrier_wait_at(full0 + 8 * slot, parity);
-      if constexpr (T::kSplitRings) ptx::mbarrier_wait_at(act_full0 + 8 * act_slot, act_parity);
-    };
-    auto release = [&] {
-      ptx::mbarrier_arrive_at(empty0 + 8 * slot);
-      if constexpr (T::kSplitRings) ptx::mbarrier_arrive_at(act_empty0 + 8 * act_slot);
-    };
+    auto wait_full = [&] { ptx::mbarrier_wait_at(full0 + 8 * slot, parity); };
+    auto release = [&] { ptx::mbarrier_arrive_at(empty0 + 8 * slot); };
     // With kSlotUnits a unit's rows are known once its first slot is full: a chunk that is a unit's
     // only stage loads its sums after the wait, in the write-out.
     [[maybe_unused]] bool early_done = false;
@@ -885,7 +808,7 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
     // (addresses stay below 2^18, so the 14-bit field takes the sum without a carry); the upper word
     // is constant.
     const uint32_t slot_lo =  // uniform registers (above)
-        __shfl_sync(0xFFFFFFFFu, act_desc_lo + static_cast<uint32_t>(act_slot * T::kActSlotBytes >> 4), 0);
+        __shfl_sync(0xFFFFFFFFu, act_desc_lo + static_cast<uint32_t>(slot * T::kActSlotBytes >> 4), 0);
     // One chain of m64 × N products, then added to the fp32 sums: N is `width` (128-row tiles: up to
     // n128, the tensor cores' best rate on A from registers), so that a partly filled chunk (an expert's
     // last, or one of fewer rows than the tile) costs the tensor cores only its rows. Accumulators past
