@@ -488,7 +488,7 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
         if constexpr (NIBBLE_MOE_CLOCKS) {
           const uint32_t t = clock();
           if (step >= kStages) ptx::mbarrier_wait(&sm.empty[slot], ((step / kStages) - 1) & 1);
-          clock_empty += clock() - t;
+          clock_empty += static_cast<uint32_t>(clock()) - t;
         } else {
           if (step >= kStages) ptx::mbarrier_wait(&sm.empty[slot], ((step / kStages) - 1) & 1);
         }
@@ -507,7 +507,7 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
         if (prefetch > 0 && walk.valid(ahead)) prefetch_next();
       }
       if constexpr (NIBBLE_MOE_CLOCKS) {
-        add_clock<kTokenTiles>(kProducerLoop, clock() - clock_begin);
+        add_clock<kTokenTiles>(kProducerLoop, static_cast<uint32_t>(clock()) - clock_begin);
         add_clock<kTokenTiles>(kProducerEmpty, clock_empty);
         add_clock<kTokenTiles>(kProducerStages, step);
       }
@@ -956,12 +956,15 @@ void print_moe_clocks() {
   }
 }
 
+// Once a process (one registration a kernel instantiation printed the counters once each).
+void register_moe_clocks_print() {
+  static const bool registered = std::atexit(print_moe_clocks) == 0;
+  (void)registered;
+}
+
 template <int kTokenTiles, bool kFp8, int kGroups, bool kMma = false>
 void launch(const GemmW4A8Args& p, cudaStream_t stream) {
-  if constexpr (NIBBLE_MOE_CLOCKS) {
-    static const bool registered = [] { return std::atexit(print_moe_clocks) == 0; }();
-    (void)registered;
-  }
+  if constexpr (NIBBLE_MOE_CLOCKS) register_moe_clocks_print();
   using T = Tile<kTokenTiles, kFp8, kGroups, kMma>;
   constexpr int kSmem = kSmemBytes<kTokenTiles, kFp8, kGroups, kMma>;
   // The blocks an INT4 tile's stages were sized for fit an SM's 228 KB (each with 1 KB the system
