@@ -166,8 +166,11 @@ constexpr int kMmaMaxTokenTiles = 0;
 #ifndef NIBBLE_MOE_CLOCKS
 #define NIBBLE_MOE_CLOCKS 0
 #endif
-enum Clock : int { kClockLoop, kClockFull, kClockChain, kClockWriteout, kClockWalk, kClockStages,
-                   kProducerLoop, kProducerEmpty, kProducerStages, kClockWarps, kClockCount };
+// Consumer counters: the loop, its parts (the write-out split into its row sums, its two barriers and
+// its stores; the walk into the cursor's advance and the loop's top), then stages and chunks written.
+enum Clock : int { kClockLoop, kClockFull, kClockChain, kClockWoSums, kClockWoBarriers, kClockWriteout, kClockAdvance,
+                   kClockWalk, kClockChunks, kClockStages, kProducerLoop, kProducerEmpty, kProducerStages, kClockWarps,
+                   kClockCount };
 __device__ unsigned long long moe_clocks[5][kClockCount];  // by log2 of the tile's 8-row tiles
 // Adds `cycles` to counter `c` of the kernel's tile rows (lane 0 of the warp).
 template <int kTokenTiles>
@@ -602,6 +605,7 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
     }
 #pragma unroll
     for (int o = kThreadsPerRow / 2; o > 0; o /= 2) sum += __shfl_xor_sync(0xFFFFFFFFu, sum, o);
+    tick(kClockWoSums);
     ptx::named_barrier_sync(1, kConsumers);  // every consumer is done with the previous chunk's rows
     if (rpart == 0) {
       sm.token_sum[rr] = sum;
@@ -617,6 +621,8 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
         }
     }
     ptx::named_barrier_sync(1, kConsumers);
+    tick(kClockWoBarriers);
+    if constexpr (NIBBLE_MOE_CLOCKS) ++clocks[kClockChunks];
     const int tile = c.group * kWarps + warp;
     if (kMma && tile < tiles) {
       // This warp's tile summed over the four warps' K blocks. Accumulator j of row tile nt: channel
@@ -872,6 +878,7 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
     if (!NIBBLE_MOE_LEAVE_OUT_WRITEOUT && compute.stage == compute.stages - 1)  // the chunk's last stage
       write_out(compute, !kSlotUnits || early_done);  // the early sums were loaded (kEarlySums > 0)
     walk.advance(compute, p);
+    tick(kClockAdvance);
   }
   if constexpr (NIBBLE_MOE_CLOCKS) {
     clocks[kClockLoop] = clock() - clocks[kClockLoop];
@@ -945,14 +952,19 @@ void print_moe_clocks() {
   for (int i = 0; i < 5; ++i) {
     if (c[i][kClockStages] == 0) continue;
     const double stages = static_cast<double>(c[i][kClockStages]), produced = static_cast<double>(c[i][kProducerStages]);
+    const double chunks = std::max(1.0, static_cast<double>(c[i][kClockChunks]));
+    const double wo_sums = c[i][kClockWoSums], wo_bars = c[i][kClockWoBarriers], wo_stores = c[i][kClockWriteout];
     std::fprintf(stderr,
-                 "moe clocks %3d-row tiles: %llu consumer warps, %.1f stages each; cycles a consumer warp's stage: "
-                 "loop %.1f = full wait %.1f + chain %.1f + write-out %.1f + walk %.1f; producer (wgmma tiles' "
+                 "moe clocks %3d-row tiles: %llu consumer warps, %.1f stages and %.1f chunks each; cycles a consumer "
+                 "warp's stage: loop %.1f = full wait %.1f + chain %.1f + write-out %.1f + walk %.1f (advance %.1f); "
+                 "a chunk's write-out %.1f = row sums %.1f + barriers %.1f + stores %.1f; producer (wgmma tiles' "
                  "warp loop; not the lean one): loop %.1f, empty wait %.1f a stage\n",
-                 8 << i, c[i][kClockWarps], stages / static_cast<double>(c[i][kClockWarps]), c[i][kClockLoop] / stages,
-                 c[i][kClockFull] / stages, c[i][kClockChain] / stages, c[i][kClockWriteout] / stages,
-                 c[i][kClockWalk] / stages, produced > 0 ? c[i][kProducerLoop] / produced : 0.0,
-                 produced > 0 ? c[i][kProducerEmpty] / produced : 0.0);
+                 8 << i, c[i][kClockWarps], stages / static_cast<double>(c[i][kClockWarps]),
+                 chunks / static_cast<double>(c[i][kClockWarps]), c[i][kClockLoop] / stages, c[i][kClockFull] / stages,
+                 c[i][kClockChain] / stages, (wo_sums + wo_bars + wo_stores) / stages,
+                 (c[i][kClockWalk] + c[i][kClockAdvance]) / stages, c[i][kClockAdvance] / stages,
+                 (wo_sums + wo_bars + wo_stores) / chunks, wo_sums / chunks, wo_bars / chunks, wo_stores / chunks,
+                 produced > 0 ? c[i][kProducerLoop] / produced : 0.0, produced > 0 ? c[i][kProducerEmpty] / produced : 0.0);
   }
 }
 
