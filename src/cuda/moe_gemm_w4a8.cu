@@ -141,6 +141,13 @@ constexpr int kMmaMaxTokenTiles = 0;
 #ifndef NIBBLE_MOE_TURNS
 #define NIBBLE_MOE_TURNS 1
 #endif
+// The chunk write-out's two weight scales a thread loaded once, before its stores (else reloaded after
+// each store, which may alias them): an experiment, -DNIBBLE_MOE_LEAN_WRITEOUT=1. Its A/B in the
+// fortieth session (with the activation chosen once too) timed the default build against itself
+// (bench/RESULTS.md, forty-first session): unmeasured.
+#ifndef NIBBLE_MOE_LEAN_WRITEOUT
+#define NIBBLE_MOE_LEAN_WRITEOUT 0
+#endif
 // A timing experiment (wrong results): the consumers skip each chunk's write-out, their sums summed
 // over the block's chunks (-DNIBBLE_MOE_LEAVE_OUT_WRITEOUT=1).
 #ifndef NIBBLE_MOE_LEAVE_OUT_WRITEOUT
@@ -665,15 +672,23 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
     // g + 8; row 2q + j % 2.
     const float* wscale = p.weight_scale + static_cast<int64_t>(c.expert) * p.n;
     const int64_t first_row = c.row_begin + c.chunk * kRows;
+    // NIBBLE_MOE_LEAN_WRITEOUT: channels tile · 16 + g and 8 on (not in the INT4 one-group 64-row tiles,
+    // whose wgmmas ptxas then serialized, C7511).
+    constexpr bool kLeanWriteOut = NIBBLE_MOE_LEAN_WRITEOUT && !kMma && !(kRows == 64 && kGroups == 1 && !kFp8);
+    [[maybe_unused]] float lean_wscale[2];
+    if constexpr (kLeanWriteOut) {
+      if (tile < tiles) lean_wscale[0] = __ldg(wscale + tile * 16 + g), lean_wscale[1] = __ldg(wscale + tile * 16 + g + 8);
+    }
     auto value = [&](int j, int row, int64_t channel) {
       const float dot = kFp8 ? acc[j] : acc[j] * 512.0f - 8.0f * sm.token_sum[row];
+      if constexpr (kLeanWriteOut) return dot * sm.token_scale[row] * lean_wscale[(j & 2) ? 1 : 0];
       return dot * sm.token_scale[row] * wscale[channel];
     };
     if (!kMma && tile < tiles) {
       if (p.glu) {
         // Rows g of the tile are gate channels, g + 8 the up ones of the same channels (kGluRows):
         // the values written as the unfused epilogue writes them, then act(0 + gate) · (0 + up) as
-        // the activation kernels c them. With glu_amax, each row's amax over the warp's 8
+        // the activation kernels compute them. With glu_amax, each row's amax over the warp's 8
         // channels (the 8 lanes of one q share their rows) stored by lanes 0-3.
         float* out = p.out + first_row * (p.n / 2);
         const int64_t c16 = tile * 16 + g;
