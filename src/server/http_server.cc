@@ -5,6 +5,8 @@
 #include <sys/socket.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <exception>
 #include <functional>
 #include <iostream>
@@ -95,9 +97,10 @@ HttpServer::HttpServer(ServingContext context)
   s.set_tcp_nodelay(true);
   // httplib's default sets SO_REUSEPORT, which lets a second server bind the same port and take
   // half its connections. SO_REUSEADDR alone: restarts reuse the port, a second server fails.
-  s.set_socket_options([](socket_t sock) {
+  s.set_socket_options([this](socket_t sock) {
     int yes = 1;
     setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+    listen_socket_ = sock;  // the last one bound is the server's (bind() raises its backlog)
   });
   // How long a connection may stay idle, before its first request too: httplib closes it after
   // that, and a request sent later is answered with a reset. An idle connection holds its thread,
@@ -170,16 +173,36 @@ HttpServer::HttpServer(ServingContext context)
 
 HttpServer::~HttpServer() = default;
 
+namespace {
+
+// httplib listens with a backlog of 5, compiled into Debian's libcpp-httplib (its
+// CPPHTTPLIB_LISTEN_BACKLOG only reaches code built with the header): 65 clients connecting at once
+// to a loaded 2-core machine overflowed the queue and saw connection resets. Listening again on the
+// same socket sets the backlog anew: 2048, as uvicorn's (the kernel caps it at net.core.somaxconn).
+constexpr int kListenBacklog = 2048;
+
+void raise_backlog(int sock) {
+  int listening = 0;
+  socklen_t size = sizeof listening;
+  if (sock < 0 || getsockopt(sock, SOL_SOCKET, SO_ACCEPTCONN, &listening, &size) != 0 || !listening) return;
+  if (::listen(sock, kListenBacklog) != 0)
+    std::cerr << "nibble serve: could not raise the listen backlog: " << std::strerror(errno) << "\n";
+}
+
+}  // namespace
+
 int HttpServer::bind() {
   const ServerOptions& o = context_.options;
-  if (o.port == 0) {
-    const int port = server_->bind_to_any_port(o.host);
+  int port = o.port;
+  if (port == 0) {
+    port = server_->bind_to_any_port(o.host);
     check(port > 0, "cannot listen on ", o.host, ": no free port");
-    return port;
+  } else {
+    check(server_->bind_to_port(o.host, o.port), "cannot listen on ", o.host, ":", o.port,
+          " (in use, or not an address of this machine)");
   }
-  check(server_->bind_to_port(o.host, o.port), "cannot listen on ", o.host, ":", o.port,
-        " (in use, or not an address of this machine)");
-  return o.port;
+  raise_backlog(listen_socket_);
+  return port;
 }
 
 void HttpServer::serve() {

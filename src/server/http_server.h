@@ -52,6 +52,7 @@ class HttpServer {
  private:
   ServingContext context_;
   std::unique_ptr<httplib::Server> server_;
+  int listen_socket_ = -1;  // the listening socket, seen by the socket options callback
 };
 
 }  // namespace nibble

@@ -12,6 +12,7 @@ import os
 import pathlib
 import random
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -456,6 +457,21 @@ class Disconnect(unittest.TestCase):
         sock.close()
         wait_for_kv_blocks_free(self)
         self.assertEqual(metrics()['nibble_requests_finished_total{finish_reason="abort"}'], aborted_before + 1)
+
+
+class Listen(unittest.TestCase):
+    def test_listen_queue_holds_many_clients_connecting_at_once(self):
+        # The kernel's own report of the listening socket (ss: Send-Q is its backlog). httplib listens
+        # with 5, compiled into Debian's library; 65 clients at once on a loaded machine saw resets.
+        try:
+            out = subprocess.run(["ss", "-ltnH", f"sport = :{h.SERVER.port}"], capture_output=True, text=True,
+                                 check=True).stdout
+        except (FileNotFoundError, subprocess.CalledProcessError) as e:
+            self.skipTest(f"ss: {e}")
+        fields = out.split()
+        self.assertGreaterEqual(len(fields), 3, out)
+        somaxconn = int(pathlib.Path("/proc/sys/net/core/somaxconn").read_text())
+        self.assertEqual(int(fields[2]), min(2048, somaxconn), out)
 
 
 class SlowClient(unittest.TestCase):
