@@ -192,14 +192,6 @@ __device__ __forceinline__ void add_clock(int c, unsigned long long cycles) {
   constexpr int kIndex = kTokenTiles == 1 ? 0 : kTokenTiles == 2 ? 1 : kTokenTiles == 4 ? 2 : kTokenTiles == 8 ? 3 : 4;
   if (threadIdx.x % 32 == 0) atomicAdd(&moe_clocks[kIndex][c], cycles);
 }
-// The producer publishes each slot's unit (expert, first row, rows) in shared memory with the slot, so
-// that the consumers walk their units with no global loads (an experiment: -DNIBBLE_MOE_SLOT_UNITS=1).
-// Without it each consumer warp looks a new unit up in L2 as its last one ends: two dependent loads
-// (the active expert, then its row offsets) before the next stage's chain width is known. Tiles of up
-// to 64 rows only: in the 128-row tiles it made ptxas serialize the wgmmas (C7511).
-#ifndef NIBBLE_MOE_SLOT_UNITS
-#define NIBBLE_MOE_SLOT_UNITS 0
-#endif
 
 // The narrowest wgmma chain a chunk of `rows` live rows takes (GemmW4A8Args::narrow_chains): f is
 // called with std::integral_constant<int, N> for the least multiple N of kStep that holds them (kMax at
@@ -267,7 +259,6 @@ struct alignas(128) GemmSmem {
   float token_sum[(NIBBLE_MOE_ONE_BARRIER ? 2 : 1) * T::kRows];  // NIBBLE_MOE_ONE_BARRIER: by chunk parity
   float token_scale[(NIBBLE_MOE_ONE_BARRIER ? 2 : 1) * T::kRows];
   float4 reduce[T::kReduceSlots];
-  int4 unit[T::kStages];  // kSlotUnits: the slot's unit (expert, first row, rows)
 };
 
 // The dynamic shared memory a block asks for: the layout, and (wgmma: swizzled activations) room to
@@ -290,7 +281,6 @@ struct Cursor {
 
 struct Walk {
   int units, groups, splits, kblocks, per_split, rows_per_chunk;
-  bool published = false;  // the unit's expert and rows come from its slots (kSlotUnits consumers)
 
   __device__ void resolve(Cursor& c, const GemmW4A8Args& p) const {
     c.chunk = c.stage = 0;
@@ -298,19 +288,13 @@ struct Walk {
     const int slot = c.unit / (groups * splits), rest = c.unit % (groups * splits);
     c.group = rest / splits;
     c.split = rest % splits;
-    if (!published) {
-      c.expert = __ldcg(p.active_experts + slot);  // through L2: possibly read before the grid dependency wait
-      c.row_begin = __ldcg(p.expert_offsets + c.expert);
-      c.rows = __ldcg(p.expert_offsets + c.expert + 1) - c.row_begin;
-      set_rows(c, c.rows);
-    }
+    c.expert = __ldcg(p.active_experts + slot);  // through L2: possibly read before the grid dependency wait
+    c.row_begin = __ldcg(p.expert_offsets + c.expert);
+    c.rows = __ldcg(p.expert_offsets + c.expert + 1) - c.row_begin;
+    c.chunks = (c.rows + rows_per_chunk - 1) / rows_per_chunk;
     c.kb_begin = c.split * per_split;
     c.kb_count = min(kblocks, c.kb_begin + per_split) - c.kb_begin;
     c.stages = (c.kb_count + kBlocksPerStage - 1) / kBlocksPerStage;
-  }
-  __device__ void set_rows(Cursor& c, int rows) const {
-    c.rows = rows;
-    c.chunks = (rows + rows_per_chunk - 1) / rows_per_chunk;
   }
   __device__ void advance(Cursor& c, const GemmW4A8Args& p) const {
     if (++c.stage < c.stages) return;
@@ -334,7 +318,6 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
     moe_gemm_w4a8_kernel(const __grid_constant__ GemmW4A8Args p, const __grid_constant__ ActMap<kMma> act_map) {
   using T = Tile<kTokenTiles, kFp8, kGroups, kMma>;
   constexpr int kRows = T::kRows, kStages = T::kStages, kWarps = T::kWarps, kConsumers = T::kConsumers;
-  constexpr bool kSlotUnits = NIBBLE_MOE_SLOT_UNITS && !T::kWide;
   // f32 accumulator registers a thread: an m64 × kRows wgmma tile, or mma.sync's 4 channel tiles ×
   // kTokenTiles row tiles × 4.
   constexpr int kAcc = kMma ? kWarps * kTokenTiles * 4 : kRows / 2;
@@ -452,7 +435,6 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
         const int act_rows = (p.leave_out & kActivations) ? 0 : chunk_rows;
         const auto abytes = static_cast<uint32_t>(nkb * kGemmKBlock);
         if (step >= early) copy_weights(load, slot);
-        if (kSlotUnits && lane == 0) sm.unit[slot] = make_int4(load.expert, load.row_begin, load.rows, 0);
         if (lane == 0) ptx::mbarrier_arrive_expect_tx(&sm.full[slot], abytes * act_rows);
         __syncwarp();
         if (lane < act_rows)
@@ -479,7 +461,6 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
           const int nkb = min(kBlocksPerStage, load.kb_begin + load.kb_count - first);
           const int tiles_now = step >= early && weights ? min(kWarps, tiles - load.group * kWarps) : 0;
           const auto bytes = static_cast<uint32_t>(nkb * T::kWarpBlockBytes);
-          if constexpr (kSlotUnits) sm.unit[slot] = make_int4(load.expert, load.row_begin, load.rows, 0);
           ptx::mbarrier_arrive_expect_tx(&sm.full[slot], bytes * tiles_now + (acts ? T::kActSlotBytes : 0));
           const uint8_t* src = weights_at(load, load.group * kWarps, first);
           for (int t = 0; t < tiles_now; ++t) {
@@ -511,7 +492,6 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
         }
         if (step >= early) copy_weights(load, slot);
         if (lane == 0) {
-          if constexpr (kSlotUnits) sm.unit[slot] = make_int4(load.expert, load.row_begin, load.rows, 0);
           ptx::mbarrier_arrive_expect_tx(&sm.full[slot], acts ? T::kActSlotBytes : 0);
           const int x = (load.kb_begin + load.stage * kBlocksPerStage) * kGemmKBlock;
           const int y = load.row_begin + load.chunk * kRows;
@@ -537,7 +517,6 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
   if (p.routing_settled) ptx::grid_dependency_wait();
   ptx::launch_dependents();
   Cursor compute{.unit = static_cast<int>(blockIdx.x)};
-  walk.published = kSlotUnits;  // the producer resolved its own cursors above
   walk.resolve(compute, p);
   float acc[kAcc] = {};
   [[maybe_unused]] const uint64_t act_desc = wgmma::descriptor_sw128(&sm.act[0][0]);
@@ -602,20 +581,18 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
   };
   [[maybe_unused]] int token_buf = 0;  // NIBBLE_MOE_ONE_BARRIER: the next chunk's buffer of row sums and scales
   // A chunk's write-out once its last stage is summed in acc (acc zeroed after): its rows' Σ a over the
-  // split's K blocks (INT4's offset correction; the first kEarlySums of them loaded early if `early`)
-  // and scales, then the tile's outputs.
-  auto write_out = [&](const Cursor& c, bool early) {
+  // split's K blocks (INT4's offset correction; the first kEarlySums of them loaded early, in the
+  // chunk's last stage) and scales, then the tile's outputs.
+  auto write_out = [&](const Cursor& c) {
     // Each row's Σ a over this split's K blocks (INT4's offset correction) and its scale.
     const int64_t act_row = act_row_of(c);
     float sum = 0.0f;
-    if (early) {
 #pragma unroll
-      for (int i = 0; i < kEarlySums; ++i) sum += early_sums[i];
-    }
+    for (int i = 0; i < kEarlySums; ++i) sum += early_sums[i];
     if (!kFp8 && act_row >= 0) {
       const float* sums = p.act_sums + act_row * walk.kblocks + c.kb_begin;
 #pragma unroll(kMma ? 4 : 8)
-      for (int kb = rpart + (early ? kEarlySums * kThreadsPerRow : 0); kb < c.kb_count; kb += kThreadsPerRow)
+      for (int kb = rpart + kEarlySums * kThreadsPerRow; kb < c.kb_count; kb += kThreadsPerRow)
         sum += sums[kb];
     }
 #pragma unroll
@@ -627,7 +604,7 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
     if constexpr (!kOneBarrier) ptx::named_barrier_sync(1, kConsumers);  // every consumer is done with the previous chunk's rows
     if (rpart == 0) {
       sm.token_sum[tb + rr] = sum;
-      sm.token_scale[tb + rr] = kEarlySums > 0 && early ? early_scale : act_row >= 0 ? p.act_scale[act_row] : 0.0f;
+      sm.token_scale[tb + rr] = kEarlySums > 0 ? early_scale : act_row >= 0 ? p.act_scale[act_row] : 0.0f;
     }
     if constexpr (kMma) {  // the partial sums of the other warps' channel tiles
 #pragma unroll
@@ -740,12 +717,8 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
     if (++slot == kStages) slot = 0, parity ^= 1;
     auto wait_full = [&] { ptx::mbarrier_wait_at(full0 + 8 * slot, parity); };
     auto release = [&] { ptx::mbarrier_arrive_at(empty0 + 8 * slot); };
-    // With kSlotUnits a unit's rows are known once its first slot is full: a chunk that is a unit's
-    // only stage loads its sums after the wait, in the write-out.
-    [[maybe_unused]] bool early_done = false;
     if constexpr (kEarlySums > 0) {
-      if (compute.stage == compute.stages - 1 && (!kSlotUnits || compute.stage > 0 || compute.chunk > 0)) {
-        early_done = true;
+      if (compute.stage == compute.stages - 1) {
         const int64_t act_row = act_row_of(compute);
         const float* sums = p.act_sums + (act_row >= 0 ? act_row : 0) * walk.kblocks + compute.kb_begin;
 #pragma unroll
@@ -759,11 +732,6 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
     tick(kClockWalk);  // the early sums' loads count as the walk's
     wait_full();
     tick(kClockFull);
-    if constexpr (kSlotUnits) {
-      const int4 u = sm.unit[slot];
-      compute.expert = u.x, compute.row_begin = u.y;
-      walk.set_rows(compute, u.z);
-    }
 
     const int first = compute.kb_begin + compute.stage * kBlocksPerStage;
     const int nkb = min(kBlocksPerStage, compute.kb_begin + compute.kb_count - first);
@@ -902,7 +870,7 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
     if constexpr (NIBBLE_MOE_CLOCKS) ++clocks[kClockStages];
 
     if (!NIBBLE_MOE_LEAVE_OUT_WRITEOUT && compute.stage == compute.stages - 1)  // the chunk's last stage
-      write_out(compute, !kSlotUnits || early_done);  // the early sums were loaded (kEarlySums > 0)
+      write_out(compute);
     walk.advance(compute, p);
     tick(kClockAdvance);
   }
