@@ -79,15 +79,6 @@ enum LeaveOut : int { kNothing = 0, kMath = 1, kActivations = 2, kWeights = 4 };
 #ifndef NIBBLE_MOE_LEAVE_OUT_MATH
 #define NIBBLE_MOE_LEAVE_OUT_MATH 0
 #endif
-// Timing probes of the wgmma consumers (NIBBLE_MOE_PROBE; wrong results): no tensor-core
-// instructions (the operands folded into the sums instead; 16-row tiles), constant A operands (no
-// weight loads or nibble masks; 16-, 64- and 128-row tiles), or A from shared memory (the stage's
-// activations as both operands, no weight loads; INT4 64-row one-group tiles and 128-row tiles).
-// Their kernels are built only with -DNIBBLE_MOE_PROBES=1 (seven kernels that ship no results).
-enum Probe : int { kNoProbe = 0, kProbeNoTensor = 2, kProbeNoOperands = 3, kProbeSmemA = 4 };
-#ifndef NIBBLE_MOE_PROBES
-#define NIBBLE_MOE_PROBES 0
-#endif
 // Consumer warpgroups a wgmma block (64 output channels each, sharing the stage's activations): two
 // for 16-row tiles of wide projections (N >= kTwoGroupsMinN), else one; NIBBLE_MOE_CONSUMER_GROUPS
 // (1 or 2) overrides. Measured on an H200 (bench/RESULTS.md, 2026-11-30), ncu µs at 32 tokens, one
@@ -312,7 +303,7 @@ struct Walk {
 // empty, starts one bulk copy of each consumer warp's weights and its lanes' 16-byte activation copies,
 // all completing on the slot's `full` barrier; the consumers wait for `full`, compute, and release the
 // slot on `empty`. Neither side waits for the other's global loads (a unit's expert and row lookups).
-template <int kTokenTiles, bool kFp8, int kGroups, bool kMma, int kProbe = kNoProbe>
+template <int kTokenTiles, bool kFp8, int kGroups, bool kMma>
 __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThreads,
                                   Tile<kTokenTiles, kFp8, kGroups, kMma>::kMinBlocks)
     moe_gemm_w4a8_kernel(const __grid_constant__ GemmW4A8Args p, const __grid_constant__ ActMap<kMma> act_map) {
@@ -735,7 +726,7 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
 
     const int first = compute.kb_begin + compute.stage * kBlocksPerStage;
     const int nkb = min(kBlocksPerStage, compute.kb_begin + compute.kb_count - first);
-    constexpr bool kMathBranch = NIBBLE_MOE_LEAVE_OUT_MATH || kMma || kFp8 || kRows != 64 || kProbe != kNoProbe;
+    constexpr bool kMathBranch = NIBBLE_MOE_LEAVE_OUT_MATH || kMma || kFp8 || kRows != 64;
     if (kMathBranch && (p.leave_out & kMath)) {
       if (kMma || lane == 0) release();
       walk.advance(compute, p);
@@ -797,7 +788,7 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
       } else {
         // Each nibble u becomes the FP8 byte u, worth u · 2^-9: low nibbles are rows g, high g + 8.
         const uint32_t m = 0x0F0F0F0Fu & live;
-        const uint4 w = kProbe == kProbeNoOperands ? make_uint4(lane, b, 0, 0) : sm.weights[slot][warp][b][lane];
+        const uint4 w = sm.weights[slot][warp][b][lane];
         a[b][0][0] = w.x & m, a[b][0][1] = (w.x >> 4) & m;
         a[b][0][2] = w.y & m, a[b][0][3] = (w.y >> 4) & m;
         a[b][1][0] = w.z & m, a[b][1][1] = (w.z >> 4) & m;
@@ -815,55 +806,43 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
     // N stay zero (a chunk's width is the same at every stage); rows past the chunk's are never
     // written.
     float d[kAcc];
-    if constexpr (kProbe == kProbeNoTensor) {  // the operands folded into d instead
+    // ptxas puts a warpgroup.arrive before each wgmma of the 128-row tiles (C7519: nvcc sinks the nibble
+    // masks between them). Keeping every A fragment in registers before the chain (an operand fence a
+    // register, as CUTLASS's warpgroup_fence_operand) gave one arrive and eight QGMMA back to back, and
+    // was slower: Mixtral 1024 tokens 1435.6 µs against 1378.7, Grok-1 tp 2 2284.7 against 2175.3
+    // (bench/RESULTS.md, twenty-third session). So was A from shared memory with no weight loads at
+    // all (a timing probe, since removed: 1369.9). On the INT4 64-row tiles the same fence is
+    // unmeasured: its A/B (thirty-fourth session) timed the default build against itself
+    // (bench/RESULTS.md, forty-first session).
+    auto chain = [&](auto width) {
+      constexpr int kN = decltype(width)::value;
+      float(&dn)[kN / 2] = *reinterpret_cast<float(*)[kN / 2]>(&d[0]);
+      if constexpr (turns) ptx::named_barrier_sync(2 + group_in_block, kConsumers);
+      wgmma::fence();
 #pragma unroll
-      for (int j = 0; j < kAcc; ++j) d[j] = __uint_as_float(a[j % kBlocksPerStage][j % 2][j % 4] ^ a[3][1][j % 4]);
+      for (int b = 0; b < kBlocksPerStage; ++b) {
+        // K block b: half b / 2, bytes 64 · (b % 2) of each 128-byte row; its second K step 32 bytes on.
+        const uint32_t lo = slot_lo + static_cast<uint32_t>(((b / 2) * T::kHalfBytes + (b % 2) * 64) >> 4);
+        wgmma::WgmmaE4m3<kN>::mma(dn, a[b][0], act_desc_hi | lo, b);
+        wgmma::WgmmaE4m3<kN>::mma(dn, a[b][1], act_desc_hi | (lo + (32 >> 4)), 1);
+      }
+      wgmma::commit();
+      if constexpr (turns) ptx::named_barrier_arrive(2 + (group_in_block ^ 1), kConsumers);
+      wgmma::wait<0>();
 #pragma unroll
-      for (int j = 0; j < kAcc; ++j) acc[j] += d[j];
-    } else {
-      // ptxas puts a warpgroup.arrive before each wgmma of the 128-row tiles (C7519: nvcc sinks the nibble
-      // masks between them). Keeping every A fragment in registers before the chain (an operand fence a
-      // register, as CUTLASS's warpgroup_fence_operand) gave one arrive and eight QGMMA back to back, and
-      // was slower: Mixtral 1024 tokens 1435.6 µs against 1378.7, Grok-1 tp 2 2284.7 against 2175.3
-      // (bench/RESULTS.md, twenty-third session). So was A from shared memory with no weight loads at all
-      // (NIBBLE_MOE_PROBE=4: 1369.9). On the INT4 64-row tiles the same fence is unmeasured: its A/B
-      // (thirty-fourth session) timed the default build against itself (bench/RESULTS.md, forty-first
-      // session).
-      auto chain = [&](auto width) {
-        constexpr int kN = decltype(width)::value;
-        float(&dn)[kN / 2] = *reinterpret_cast<float(*)[kN / 2]>(&d[0]);
-        if constexpr (turns) ptx::named_barrier_sync(2 + group_in_block, kConsumers);
-        wgmma::fence();
-#pragma unroll
-        for (int b = 0; b < kBlocksPerStage; ++b) {
-          // K block b: half b / 2, bytes 64 · (b % 2) of each 128-byte row; its second K step 32 bytes on.
-          const uint32_t lo = slot_lo + static_cast<uint32_t>(((b / 2) * T::kHalfBytes + (b % 2) * 64) >> 4);
-          if constexpr (kProbe == kProbeSmemA) {
-            wgmma::WgmmaE4m3<kN>::mma_ss(dn, act_desc_hi | lo, act_desc_hi | lo, b);
-            wgmma::WgmmaE4m3<kN>::mma_ss(dn, act_desc_hi | (lo + (32 >> 4)), act_desc_hi | (lo + (32 >> 4)), 1);
-          } else {
-            wgmma::WgmmaE4m3<kN>::mma(dn, a[b][0], act_desc_hi | lo, b);
-            wgmma::WgmmaE4m3<kN>::mma(dn, a[b][1], act_desc_hi | (lo + (32 >> 4)), 1);
-          }
-        }
-        wgmma::commit();
-        if constexpr (turns) ptx::named_barrier_arrive(2 + (group_in_block ^ 1), kConsumers);
-        wgmma::wait<0>();
-#pragma unroll
-        for (int j = 0; j < kN / 2; ++j) acc[j] += dn[j];
-      };
-      // The chain's width (tiles of 64 and 128 rows, with narrow chains): the narrowest multiple of 32
-      // rows (the narrowest wgmma at the tensor cores' full rate, bench/probe_tensor_rate.cu) that holds
-      // the chunk's live rows. Chosen around the chain alone: around all of a stage's code it tripled the
-      // 128-row kernel's code and was 5% slower at Grok-1's 2048 tokens, where the chunks are full. The
-      // 64-row tiles' width (n32 or n64, by a warp vote; ptxas puts a warpgroup arrive before each of
-      // their wgmmas, C7519) measured on an H200 (bench/RESULTS.md, twenty-fifth session, the layer, µs
-      // with / without, two rounds): Grok-1 tp 2 128 tokens 586.5, 583.3 / 617.2, 623.3; DeepSeek-V3
-      // 1024 3195.5, 3197.9 / 3338.8, 3341.5; Mixtral 128 355.8, 352.6 / 358.9, 365.6; equal at 64, 256.
-      constexpr bool kNarrow = kRows >= 64 && kProbe == kNoProbe && (kRows > 64 || NIBBLE_MOE_NARROW_64);
-      const int live_rows = p.narrow_chains ? compute.rows - compute.chunk * kRows : kRows;
-      with_width<kRows, (kNarrow ? 32 : kRows)>(live_rows, chain);
-    }
+      for (int j = 0; j < kN / 2; ++j) acc[j] += dn[j];
+    };
+    // The chain's width (tiles of 64 and 128 rows, with narrow chains): the narrowest multiple of 32
+    // rows (the narrowest wgmma at the tensor cores' full rate, bench/probe_tensor_rate.cu) that holds
+    // the chunk's live rows. Chosen around the chain alone: around all of a stage's code it tripled the
+    // 128-row kernel's code and was 5% slower at Grok-1's 2048 tokens, where the chunks are full. The
+    // 64-row tiles' width (n32 or n64, by a warp vote; ptxas puts a warpgroup arrive before each of
+    // their wgmmas, C7519) measured on an H200 (bench/RESULTS.md, twenty-fifth session, the layer, µs
+    // with / without, two rounds): Grok-1 tp 2 128 tokens 586.5, 583.3 / 617.2, 623.3; DeepSeek-V3
+    // 1024 3195.5, 3197.9 / 3338.8, 3341.5; Mixtral 128 355.8, 352.6 / 358.9, 365.6; equal at 64, 256.
+    constexpr bool kNarrow = kRows >= 64 && (kRows > 64 || NIBBLE_MOE_NARROW_64);
+    const int live_rows = p.narrow_chains ? compute.rows - compute.chunk * kRows : kRows;
+    with_width<kRows, (kNarrow ? 32 : kRows)>(live_rows, chain);
     if (lane == 0) release();  // this warp is done reading the slot
     }
     tick(kClockChain);
@@ -914,28 +893,6 @@ Grid grid_for(int64_t units, int64_t slots) {
   return {(units + per_block - 1) / per_block, per_block};
 }
 
-template <int kTokenTiles, bool kFp8, int kGroups, bool kMma>
-auto* kernel_for() {
-  static const int probe = env_or("NIBBLE_MOE_PROBE", kNoProbe);
-  check(NIBBLE_MOE_PROBES || probe == kNoProbe, "NIBBLE_MOE_PROBE=", probe,
-        " times a probe kernel: build with -DNIBBLE_MOE_PROBES=1");
-  if constexpr (NIBBLE_MOE_PROBES && kTokenTiles == 2 && !kFp8 && !kMma) {
-    switch (probe) {
-      case kProbeNoTensor: return moe_gemm_w4a8_kernel<kTokenTiles, kFp8, kGroups, kMma, kProbeNoTensor>;
-      case kProbeNoOperands: return moe_gemm_w4a8_kernel<kTokenTiles, kFp8, kGroups, kMma, kProbeNoOperands>;
-      default: break;
-    }
-  }
-  if constexpr (NIBBLE_MOE_PROBES && (kTokenTiles == 16 || (kTokenTiles == 8 && !kFp8 && kGroups == 1 && !kMma))) {
-    switch (probe) {
-      case kProbeNoOperands: return moe_gemm_w4a8_kernel<kTokenTiles, kFp8, kGroups, kMma, kProbeNoOperands>;
-      case kProbeSmemA: return moe_gemm_w4a8_kernel<kTokenTiles, kFp8, kGroups, kMma, kProbeSmemA>;
-      default: break;
-    }
-  }
-  return moe_gemm_w4a8_kernel<kTokenTiles, kFp8, kGroups, kMma>;
-}
-
 // NIBBLE_MOE_CLOCKS: the counters, cycles a warp's stage by tile rows, to stderr (at exit).
 void print_moe_clocks() {
   unsigned long long c[5][kClockCount];
@@ -977,7 +934,7 @@ void launch(const GemmW4A8Args& p, cudaStream_t stream) {
   // keeps): else the occupancy below would hold fewer, and the weights in flight would shrink unseen.
   // (The FP8 16-row tiles take their least 3 stages and run 3 blocks an SM, not 4.)
   static_assert(kFp8 || T::kMinBlocks * (kSmem + 1024) <= 228 * 1024, "MoE GEMM tile: its stages do not fit its blocks");
-  auto* kernel = kernel_for<kTokenTiles, kFp8, kGroups, kMma>();
+  auto* kernel = moe_gemm_w4a8_kernel<kTokenTiles, kFp8, kGroups, kMma>;
   const int resident = resident_blocks<kTokenTiles, kFp8, kGroups, kMma>();
   allow_dynamic_smem(reinterpret_cast<const void*>(kernel), kSmem);  // a probe's kernel
   const int64_t groups = (p.n / 16 + T::kWarps - 1) / T::kWarps;
