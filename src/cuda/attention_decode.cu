@@ -61,6 +61,7 @@ struct DecodeArgs {
   void* k_store;                 // the caches, where the new key and value go
   void* v_store;
   float k_store_scale, v_store_scale;  // FP8: code = value / scale
+  bool trigger_first;  // launch.h: the next kernel (the merge, or the o projection) launched before the wait
 };
 
 static_assert(kThreads == kHeadDim, "the KV append takes an element of v a thread");
@@ -130,10 +131,7 @@ __global__ void __launch_bounds__(kThreads, kFp8 ? 3 : 1) decode_kernel(const __
   __shared__ float slice_m[kMaxGroup], slice_l[kMaxGroup];
   __shared__ float rope_sin[kHeadDim / 2], rope_cos[kHeadDim / 2];
   constexpr bool kEarlyTile = kClusterMerge;
-  if constexpr (!kEarlyTile) {
-    ptx::grid_dependency_wait();
-    ptx::launch_dependents();
-  }
+  if constexpr (!kEarlyTile) ptx::dependency_wait(a.trigger_first);
   const int sp = blockIdx.x, kh = blockIdx.y, s = blockIdx.z;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4, G = a.group;
   const int len = a.seq_lens[s];
@@ -189,10 +187,7 @@ __global__ void __launch_bounds__(kThreads, kFp8 ? 3 : 1) decode_kernel(const __
   if (rope && threadIdx.x < kHeadDim / 2)  // the step's angles
     rope_sincos(static_cast<float>(a.positions[s]), a.inv_freq[threadIdx.x], rope_sin[threadIdx.x],
                 rope_cos[threadIdx.x]);
-  if constexpr (kEarlyTile) {
-    ptx::grid_dependency_wait();
-    ptx::launch_dependents();
-  }
+  if constexpr (kEarlyTile) ptx::dependency_wait(a.trigger_first);
   if (rope) {  // the block holding the new key appends it (and its value) first
     __syncthreads();
     if (begin < len && end == len) append_new_kv<kFp8>(a, s, kh, rope_sin, rope_cos);
@@ -409,8 +404,7 @@ int chunk_align() {
 // One block per (sequence, query head): merges the slices.
 __global__ void __launch_bounds__(kHeadDim) merge_kernel(const __grid_constant__ DecodeArgs a) {
   const int s = blockIdx.x, h = blockIdx.y, d = threadIdx.x;
-  ptx::grid_dependency_wait();
-  ptx::launch_dependents();
+  ptx::dependency_wait(a.trigger_first);
   const int64_t part0 = (int64_t{s} * a.heads + h) * a.splits;
   float m = -FLT_MAX;
   for (int sp = 0; sp < a.splits; ++sp) m = fmaxf(m, a.part_ml[2 * (part0 + sp)]);
@@ -553,7 +547,7 @@ void attention_decode(const Tensor& qkv, KvCacheLayer& cache, KvCacheDType cache
                      .inv_freq = inv_freq != nullptr ? inv_freq->data<float>() : nullptr,
                      .positions = batch.positions.data<int32_t>(), .slot_mapping = batch.slot_mapping.data<int32_t>(),
                      .k_store = cache.k.raw(), .v_store = cache.v.raw(), .k_store_scale = params.k_scale,
-                     .v_store_scale = params.v_scale};
+                     .v_store_scale = params.v_scale, .trigger_first = trigger_first(kTriggerAttention)};
   const DecodeKernel kernel = decode_kernel_for(fp8, cluster);
   const dim3 grid(static_cast<unsigned>(splits), static_cast<unsigned>(params.num_kv_heads), static_cast<unsigned>(S));
   if (cluster) {

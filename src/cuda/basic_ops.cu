@@ -48,10 +48,9 @@ __global__ void gather_kernel(const bf16* x, const int32_t* rows, bf16* out, int
 // after it by the thread that read it.
 template <int kUnits, typename Y>
 __global__ void __launch_bounds__(512) rms_norm_kernel(const float* x, const Y* y, float* x_sum, const bf16* weight,
-                                                       float eps, bf16* out, int64_t hidden) {
+                                                       float eps, bf16* out, int64_t hidden, bool trigger_first) {
   __shared__ float warp_sums[32];
-  ptx::grid_dependency_wait();
-  ptx::launch_dependents();
+  ptx::dependency_wait(trigger_first);
   const int64_t units = hidden / kVec;
   const float* row = x + blockIdx.x * hidden;
   float v[kUnits][kVec];
@@ -136,12 +135,14 @@ void launch_rms_norm(const Tensor& x, const Tensor* y, const Tensor& weight, flo
                      cudaStream_t stream) {
   const auto blocks = static_cast<unsigned>(x.dim(0));
   float* x_sum = y == nullptr ? nullptr : x.data<float>();  // x += y is stored back into x
+  const bool first = trigger_first(kTriggerNorm);
   if (y == nullptr || y->dtype() == DType::kF32)
     launch_kernel(rms_norm_kernel<kUnits, float>, blocks, threads, 0, stream, x.data<float>(),
-                  y == nullptr ? nullptr : y->data<float>(), x_sum, weight.data<bf16>(), eps, out.data<bf16>(), x.dim(1));
+                  y == nullptr ? nullptr : y->data<float>(), x_sum, weight.data<bf16>(), eps, out.data<bf16>(), x.dim(1),
+                  first);
   else
     launch_kernel(rms_norm_kernel<kUnits, bf16>, blocks, threads, 0, stream, x.data<float>(), y->data<bf16>(), x_sum,
-                  weight.data<bf16>(), eps, out.data<bf16>(), x.dim(1));
+                  weight.data<bf16>(), eps, out.data<bf16>(), x.dim(1), first);
 }
 
 // rms_norm, after x += y when y is given.

@@ -61,7 +61,7 @@ __device__ inline void decode16(const uint4 w, float (&f)[16]) {
 }
 
 template <int kTokens, int kRows>
-__global__ void __launch_bounds__(kThreads) fp8_gemv_kernel(const __grid_constant__ Fp8GemvArgs p) {
+__global__ void __launch_bounds__(kThreads) fp8_gemv_kernel(const __grid_constant__ Fp8GemvArgs p, bool trigger_first) {
   constexpr int kTile = kChunks<kTokens, kRows>;
   extern __shared__ float4 smem[];
   auto* xq = reinterpret_cast<float*>(smem);  // (kTokens, padded K)
@@ -88,8 +88,7 @@ __global__ void __launch_bounds__(kThreads) fp8_gemv_kernel(const __grid_constan
   if (lane < kRows && n0 + lane < p.n && int64_t{kTile} * 32 < chunks)
     ptx::prefetch_l2_bulk(p.w + (n0 + lane) * p.k + int64_t{kTile} * 32 * 16,
                           static_cast<uint32_t>((chunks - int64_t{kTile} * 32) * 16));
-  ptx::grid_dependency_wait();
-  ptx::launch_dependents();
+  ptx::dependency_wait(trigger_first);
 
   // x's rows: each row's amax, then its codes' values.
   const auto* x = static_cast<const __nv_bfloat16*>(p.x);
@@ -180,7 +179,7 @@ void launch_rows(const Fp8GemvArgs& p, cudaStream_t stream) {
   // The limit is set once per kernel and device (kernel_attributes.h): the largest any K needs.
   allow_dynamic_smem(reinterpret_cast<const void*>(kernel), static_cast<int>(kMaxSmemBytes));
   const int64_t rows_per_block = int64_t{kWarps} * kRows, blocks = (p.n + rows_per_block - 1) / rows_per_block;
-  launch_kernel(kernel, static_cast<unsigned>(blocks), kThreads, smem, stream, p);
+  launch_kernel(kernel, static_cast<unsigned>(blocks), kThreads, smem, stream, p, trigger_first(kTriggerGemv));
   cuda_check(cudaGetLastError());
 }
 

@@ -14,6 +14,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cstddef>
@@ -75,6 +76,52 @@ inline bool plain_site(std::string_view site) {
 // Overrides NIBBLE_PDL for the launches that follow (tests run a chain both ways). A CUDA graph keeps
 // what its launches had when it was captured.
 inline void set_pdl(Pdl mode) { detail::pdl_setting().store(mode, std::memory_order_relaxed); }
+
+// Kernels that let the next kernel launch before their own grid dependency wait (ptx::dependency_wait)
+// rather than after it, so that the next kernel's blocks take the SMs and start what they may do before
+// their wait (their weights' loads) while this kernel still waits for the one before. The next kernel
+// then may start before the one two launches back has completed: each site's possible successors read
+// nothing before their wait but constants, the host's step inputs and older steps' KV cache (the
+// RMSNorm is followed by the FP8 linears, the per-token quantization, the routing or the all-reduce;
+// the few-token FP8 linear by the decode attention, the KV append, the RMSNorm or the all-reduce; the
+// decode attention by the o projection or its merge kernel; the MoE combine by the RMSNorm). The MoE
+// GEMM's settled routing (read before its wait) stays two launches back: the routing's and the MoE
+// quantization's kernels never trigger first. The MoE activation always does (moe_quantize.cu).
+// NIBBLE_TRIGGER_FIRST lists sites (comma-separated: norm, gemv, attention, combine; or all); none by
+// default.
+enum TriggerSite : unsigned { kTriggerNorm = 1, kTriggerGemv = 2, kTriggerAttention = 4, kTriggerCombine = 8 };
+namespace detail {
+inline std::atomic<unsigned>& trigger_first_sites() {
+  static std::atomic<unsigned> sites = [] {
+    const char* v = std::getenv("NIBBLE_TRIGGER_FIRST");
+    const std::string list = v != nullptr ? v : "";
+    unsigned mask = 0;
+    std::size_t begin = 0;
+    while (begin < list.size()) {
+      const std::size_t end = std::min(list.find(',', begin), list.size());
+      const std::string_view name = std::string_view(list).substr(begin, end - begin);
+      if (name == "all") mask |= kTriggerNorm | kTriggerGemv | kTriggerAttention | kTriggerCombine;
+      else if (name == "norm") mask |= kTriggerNorm;
+      else if (name == "gemv") mask |= kTriggerGemv;
+      else if (name == "attention") mask |= kTriggerAttention;
+      else if (name == "combine") mask |= kTriggerCombine;
+      else if (!name.empty()) fail("NIBBLE_TRIGGER_FIRST lists norm, gemv, attention, combine or all, not ", name);
+      begin = end + 1;
+    }
+    return mask;
+  }();
+  return sites;
+}
+}  // namespace detail
+// Whether `site`'s kernels launched from now on trigger first (with PDL on; a graph keeps what it captured).
+inline bool trigger_first(TriggerSite site) {
+  return pdl() == Pdl::kOn && (detail::trigger_first_sites().load(std::memory_order_relaxed) & site) != 0;
+}
+// Overrides NIBBLE_TRIGGER_FIRST for the launches that follow (a mask of TriggerSite; tests).
+inline void set_trigger_first(unsigned sites) {
+  detail::trigger_first_sites().store(sites, std::memory_order_relaxed);
+}
+inline unsigned trigger_first_sites() { return detail::trigger_first_sites().load(std::memory_order_relaxed); }
 
 // A thread-block cluster of `x` blocks along the grid's x, for launch_kernel_with.
 inline cudaLaunchAttribute cluster_shape(unsigned x) {

@@ -32,11 +32,10 @@ constexpr int kCombineThreads = 32;
 // Grid (T, H / 128): each thread sums 4 consecutive columns over the top-k rows and the K splits
 // (in that order). Out: __nv_bfloat16 or float.
 template <typename Out>
-__global__ void __launch_bounds__(kCombineThreads) combine_kernel(const __grid_constant__ CombineArgs p) {
+__global__ void __launch_bounds__(kCombineThreads) combine_kernel(const __grid_constant__ CombineArgs p, bool trigger_first) {
   const int64_t t = blockIdx.x;
   const int64_t h4 = static_cast<int64_t>(blockIdx.y) * kCombineThreads + threadIdx.x;  // column / 4
-  ptx::grid_dependency_wait();
-  ptx::launch_dependents();
+  ptx::dependency_wait(trigger_first);
   if (h4 >= p.hidden / 4) return;
   float4 sum = {0.0f, 0.0f, 0.0f, 0.0f};
   for (int64_t k = 0; k < p.top_k; ++k) {
@@ -121,10 +120,10 @@ void moe_combine(const CombineArgs& p, cudaStream_t stream) {
                   static_cast<unsigned>((p.hidden / 4 + kCombineThreads - 1) / kCombineThreads));
   switch (p.out_dtype) {
     case DType::kBF16:
-      launch_kernel(combine_kernel<__nv_bfloat16>, grid, kCombineThreads, 0, stream, p);
+      launch_kernel(combine_kernel<__nv_bfloat16>, grid, kCombineThreads, 0, stream, p, trigger_first(kTriggerCombine));
       break;
     case DType::kF32:
-      launch_kernel(combine_kernel<float>, grid, kCombineThreads, 0, stream, p);
+      launch_kernel(combine_kernel<float>, grid, kCombineThreads, 0, stream, p, trigger_first(kTriggerCombine));
       break;
     default:
       fail("moe_combine: the output must be BF16 or F32, not ", dtype_name(p.out_dtype));

@@ -179,10 +179,7 @@ __device__ inline float4 activated_float4(const ActivationArgs& p, int64_t r, in
 // the wait / before): batch 1 3.50 / 3.41, batch 8 8.01 / 7.93; batch 32 and Grok-1's tp 2 rank
 // unchanged.
 __device__ inline void activation_dependency_wait(const ActivationArgs& p) {
-  const bool early = p.amax_out == nullptr;
-  if (early) ptx::launch_dependents();
-  ptx::grid_dependency_wait();
-  if (!early) ptx::launch_dependents();
+  ptx::dependency_wait(p.amax_out == nullptr);
 }
 
 constexpr int kActThreads = 256;

@@ -195,5 +195,12 @@ __device__ inline void launch_dependents() {
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
 }
+// The grid dependency wait with the dependents' launch after it, or before it where the kernel's
+// site triggers first (launch.h: trigger_first).
+__device__ inline void dependency_wait(bool trigger_first) {
+  if (trigger_first) launch_dependents();
+  grid_dependency_wait();
+  if (!trigger_first) launch_dependents();
+}
 
 }  // namespace nibble::cuda::ptx

@@ -17,11 +17,13 @@
 #include "cuda/device.h"
 #include "cuda/fp8_gemv.h"
 #include "cuda/fp8_linear_mma.h"
+#include "cuda/launch.h"
 #include "cuda/lt_fp8_gemm.h"
 #include "engine/engine.h"
 #include "engine/generator.h"
 #include "gpu_test_util.h"
 #include "model/communicator.h"
+#include "model/dummy_weights.h"
 #include "model/loader.h"
 #include "quant/fp8_quant.h"
 
@@ -942,6 +944,45 @@ TEST(CudaEngine, GraphsMatchEagerSteps) {
   const auto eager = run(CudaGraphs::kOff), graphs = run(CudaGraphs::kOn);
   ASSERT_EQ(eager.size(), 5u);
   EXPECT_EQ(graphs, eager);
+}
+
+// Kernels that trigger their dependents' launch before their own grid dependency wait
+// (NIBBLE_TRIGGER_FIRST, launch.h) compute what they computed before, at the shapes where the decode
+// path takes its few-token kernels: a small Mixtral-shaped model of dummy W4A8 weights with head_dim
+// 128 (the tensor-core decode attention, its cluster merge), the FP8 linears on fp8_gemv as the
+// batch falls from 5 requests to 1, the MoE combine, the RMSNorms. Greedy tokens of graph replays with
+// every site triggering first against none, and against eager steps.
+TEST(CudaEngine, TriggerFirstMatchesTheDefault) {
+  SKIP_WITHOUT_GPU();
+  cuda::CudaOps gpu;
+  ModelConfig config = load_model_config("tests/fixtures/tiny-mixtral");
+  config.hidden_size = 512;
+  config.head_dim = 128;
+  config.num_attention_heads = 8;
+  config.num_key_value_heads = 2;
+  config.intermediate_size = 1024;
+  Model model(config, dummy_weights(config, Quantization::kQuarkInt4Fp8Moe, gpu), gpu);
+  auto run = [&](CudaGraphs graphs, unsigned sites) {
+    const unsigned saved = cuda::trigger_first_sites();
+    cuda::set_trigger_first(sites);
+    Engine engine(model, {.num_blocks = 64, .block_size = 16, .kv_dtype = KvCacheDType::kFp8E4M3,
+                          .scheduler = {}, .cuda_graphs = graphs});
+    std::map<int64_t, std::vector<int32_t>> out;
+    for (int r = 0; r < 5; ++r) {
+      std::vector<int32_t> prompt{1};
+      for (int i = 0; i < 3 + 7 * r; ++i) prompt.push_back(300 + (37 * i + 11 * r) % 200);
+      engine.add_request(prompt, {.sampling = {}, .max_tokens = 6 + 6 * r, .stop_token_ids = {}, .ignore_eos = true});
+    }
+    while (engine.has_unfinished())
+      for (const StepOutput& o : engine.step()) out[o.id].push_back(o.token);
+    cuda::set_trigger_first(saved);
+    return out;
+  };
+  const unsigned all = cuda::kTriggerNorm | cuda::kTriggerGemv | cuda::kTriggerAttention | cuda::kTriggerCombine;
+  const auto none = run(CudaGraphs::kOn, 0), first = run(CudaGraphs::kOn, all), eager = run(CudaGraphs::kOff, all);
+  ASSERT_EQ(none.size(), 5u);
+  EXPECT_EQ(first, none);
+  EXPECT_EQ(eager, none);
 }
 
 // Decode graphs across the short context class (decode_graphs.h): a request that passes 8192 keys while
