@@ -18,7 +18,7 @@
 //   7  + the next chunk's unit looked up in L2 after the write-out, as the kernel's consumers walk
 //      (the active expert, then its row offsets: two dependent loads), its rows deciding the width;
 //   8  level 7 with the write-out's two weight scales loaded once before its stores (the kernel's
-//      -DNIBBLE_MOE_LEAN_WRITEOUT=1) rather than after each store, which may alias them;
+//      experiment, measured flat and removed) rather than after each store, which may alias them;
 //   9  level 8 with the producer walking units as the kernel's does: at each chunk's first stage it
 //      looks the unit up in L2 (two dependent loads) before that stage's copies.
 // Levels 1 and 9 also run with no chain (no wgmma, no weights read: the skeleton of ring, walk and

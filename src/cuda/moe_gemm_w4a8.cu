@@ -132,20 +132,10 @@ constexpr int kMmaMaxTokenTiles = 0;
 #ifndef NIBBLE_MOE_TURNS
 #define NIBBLE_MOE_TURNS 1
 #endif
-// The wgmma tiles' write-out with one named barrier rather than two (an experiment,
-// -DNIBBLE_MOE_ONE_BARRIER=1): the rows' sums and scales in two buffers, a chunk's by its parity, so that
-// no barrier need hold a chunk's writers until every consumer is done reading the last chunk's (the
-// barrier after the writes does: a consumer passes it only after its previous stores).
-#ifndef NIBBLE_MOE_ONE_BARRIER
-#define NIBBLE_MOE_ONE_BARRIER 0
-#endif
-// The chunk write-out's two weight scales a thread loaded once, before its stores (else reloaded after
-// each store, which may alias them): an experiment, -DNIBBLE_MOE_LEAN_WRITEOUT=1. Its A/B in the
-// fortieth session (with the activation chosen once too) timed the default build against itself
-// (bench/RESULTS.md, forty-first session): unmeasured.
-#ifndef NIBBLE_MOE_LEAN_WRITEOUT
-#define NIBBLE_MOE_LEAN_WRITEOUT 0
-#endif
+// Measured on real alt builds and removed (bench/RESULTS.md, forty-third session, an H100, the layer
+// graph-replayed, Mixtral 8 / 32 / 256 tokens within 1% of the head): the write-out with one named
+// barrier (the rows' sums and scales double-buffered by chunk parity) and with each thread's two weight
+// scales loaded once before its stores (today reloaded after each store, which may alias them).
 // A timing experiment (wrong results): the consumers skip each chunk's write-out, their sums summed
 // over the block's chunks (-DNIBBLE_MOE_LEAVE_OUT_WRITEOUT=1).
 #ifndef NIBBLE_MOE_LEAVE_OUT_WRITEOUT
@@ -247,8 +237,8 @@ struct alignas(128) GemmSmem {
   uint8_t act[T::kStages][T::kActSlotBytes];
   uint64_t full[T::kStages];   // a slot's weights and activations have landed
   uint64_t empty[T::kStages];  // the consumers are done with a slot
-  float token_sum[(NIBBLE_MOE_ONE_BARRIER ? 2 : 1) * T::kRows];  // NIBBLE_MOE_ONE_BARRIER: by chunk parity
-  float token_scale[(NIBBLE_MOE_ONE_BARRIER ? 2 : 1) * T::kRows];
+  float token_sum[T::kRows];
+  float token_scale[T::kRows];
   float4 reduce[T::kReduceSlots];
 };
 
@@ -570,7 +560,6 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
       clock_mark = t;
     }
   };
-  [[maybe_unused]] int token_buf = 0;  // NIBBLE_MOE_ONE_BARRIER: the next chunk's buffer of row sums and scales
   // A chunk's write-out once its last stage is summed in acc (acc zeroed after): its rows' Σ a over the
   // split's K blocks (INT4's offset correction; the first kEarlySums of them loaded early, in the
   // chunk's last stage) and scales, then the tile's outputs.
@@ -589,13 +578,10 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
 #pragma unroll
     for (int o = kThreadsPerRow / 2; o > 0; o /= 2) sum += __shfl_xor_sync(0xFFFFFFFFu, sum, o);
     tick(kClockWoSums);
-    constexpr bool kOneBarrier = NIBBLE_MOE_ONE_BARRIER && !kMma;
-    const int tb = kOneBarrier ? token_buf * kRows : 0;  // this chunk's buffer of row sums and scales
-    if constexpr (kOneBarrier) token_buf ^= 1;
-    if constexpr (!kOneBarrier) ptx::named_barrier_sync(1, kConsumers);  // every consumer is done with the previous chunk's rows
+    ptx::named_barrier_sync(1, kConsumers);  // every consumer is done with the previous chunk's rows
     if (rpart == 0) {
-      sm.token_sum[tb + rr] = sum;
-      sm.token_scale[tb + rr] = kEarlySums > 0 ? early_scale : act_row >= 0 ? p.act_scale[act_row] : 0.0f;
+      sm.token_sum[rr] = sum;
+      sm.token_scale[rr] = kEarlySums > 0 ? early_scale : act_row >= 0 ? p.act_scale[act_row] : 0.0f;
     }
     if constexpr (kMma) {  // the partial sums of the other warps' channel tiles
 #pragma unroll
@@ -651,17 +637,9 @@ __global__ void __launch_bounds__(Tile<kTokenTiles, kFp8, kGroups, kMma>::kThrea
     // g + 8; row 2q + j % 2.
     const float* wscale = p.weight_scale + static_cast<int64_t>(c.expert) * p.n;
     const int64_t first_row = c.row_begin + c.chunk * kRows;
-    // NIBBLE_MOE_LEAN_WRITEOUT: channels tile · 16 + g and 8 on (not in the INT4 one-group 64-row tiles,
-    // whose wgmmas ptxas then serialized, C7511).
-    constexpr bool kLeanWriteOut = NIBBLE_MOE_LEAN_WRITEOUT && !kMma && !(kRows == 64 && kGroups == 1 && !kFp8);
-    [[maybe_unused]] float lean_wscale[2];
-    if constexpr (kLeanWriteOut) {
-      if (tile < tiles) lean_wscale[0] = __ldg(wscale + tile * 16 + g), lean_wscale[1] = __ldg(wscale + tile * 16 + g + 8);
-    }
     auto value = [&](int j, int row, int64_t channel) {
-      const float dot = kFp8 ? acc[j] : acc[j] * 512.0f - 8.0f * sm.token_sum[tb + row];
-      if constexpr (kLeanWriteOut) return dot * sm.token_scale[tb + row] * lean_wscale[(j & 2) ? 1 : 0];
-      return dot * sm.token_scale[tb + row] * wscale[channel];
+      const float dot = kFp8 ? acc[j] : acc[j] * 512.0f - 8.0f * sm.token_sum[row];
+      return dot * sm.token_scale[row] * wscale[channel];
     };
     if (!kMma && tile < tiles) {
       if (p.glu) {
