@@ -919,6 +919,23 @@ TEST_P(CudaTinyMixtral, MatchesCpu) {
   }
 }
 
+// Five requests of prompts 4 to 32 tokens long decoded together by the engine (FP8 KV cache, greedy),
+// request r for first + step · r tokens, so that the batch falls from 5 to 1: each request's tokens.
+std::map<int64_t, std::vector<int32_t>> decode_five_requests(Model& model, CudaGraphs graphs, int first, int step) {
+  Engine engine(model, {.num_blocks = 64, .block_size = 16, .kv_dtype = KvCacheDType::kFp8E4M3, .scheduler = {},
+                        .cuda_graphs = graphs});
+  std::map<int64_t, std::vector<int32_t>> out;
+  for (int r = 0; r < 5; ++r) {
+    std::vector<int32_t> prompt{1};
+    for (int i = 0; i < 3 + 7 * r; ++i) prompt.push_back(300 + (37 * i + 11 * r) % 200);
+    engine.add_request(prompt, {.sampling = {}, .max_tokens = first + step * r, .stop_token_ids = {},
+                                .ignore_eos = true});
+  }
+  while (engine.has_unfinished())
+    for (const StepOutput& o : engine.step()) out[o.id].push_back(o.token);
+  return out;
+}
+
 // The engine's decode steps replayed from CUDA graphs give the tokens of eager steps, with several
 // requests of different lengths decoding together (graph buckets padded with idle rows).
 TEST(CudaEngine, GraphsMatchEagerSteps) {
@@ -928,20 +945,8 @@ TEST(CudaEngine, GraphsMatchEagerSteps) {
   const ModelConfig config = load_model_config(kModel);
   const Checkpoint ckpt = Checkpoint::open(kModel);
   Model model(config, load_weights(ckpt, config, Quantization::kQuarkInt4Fp8Moe, gpu), gpu);
-  auto run = [&](CudaGraphs graphs) {
-    Engine engine(model, {.num_blocks = 64, .block_size = 16, .kv_dtype = KvCacheDType::kFp8E4M3,
-                          .scheduler = {}, .cuda_graphs = graphs});
-    std::map<int64_t, std::vector<int32_t>> out;
-    for (int r = 0; r < 5; ++r) {
-      std::vector<int32_t> prompt{1};
-      for (int i = 0; i < 3 + 7 * r; ++i) prompt.push_back(300 + (37 * i + 11 * r) % 200);
-      engine.add_request(prompt, {.sampling = {}, .max_tokens = 20 + 3 * r, .stop_token_ids = {}, .ignore_eos = true});
-    }
-    while (engine.has_unfinished())
-      for (const StepOutput& o : engine.step()) out[o.id].push_back(o.token);
-    return out;
-  };
-  const auto eager = run(CudaGraphs::kOff), graphs = run(CudaGraphs::kOn);
+  const auto eager = decode_five_requests(model, CudaGraphs::kOff, 20, 3);
+  const auto graphs = decode_five_requests(model, CudaGraphs::kOn, 20, 3);
   ASSERT_EQ(eager.size(), 5u);
   EXPECT_EQ(graphs, eager);
 }
@@ -965,16 +970,7 @@ TEST(CudaEngine, TriggerFirstMatchesTheDefault) {
   auto run = [&](CudaGraphs graphs, unsigned sites) {
     const unsigned saved = cuda::trigger_first_sites();
     cuda::set_trigger_first(sites);
-    Engine engine(model, {.num_blocks = 64, .block_size = 16, .kv_dtype = KvCacheDType::kFp8E4M3,
-                          .scheduler = {}, .cuda_graphs = graphs});
-    std::map<int64_t, std::vector<int32_t>> out;
-    for (int r = 0; r < 5; ++r) {
-      std::vector<int32_t> prompt{1};
-      for (int i = 0; i < 3 + 7 * r; ++i) prompt.push_back(300 + (37 * i + 11 * r) % 200);
-      engine.add_request(prompt, {.sampling = {}, .max_tokens = 6 + 6 * r, .stop_token_ids = {}, .ignore_eos = true});
-    }
-    while (engine.has_unfinished())
-      for (const StepOutput& o : engine.step()) out[o.id].push_back(o.token);
+    auto out = decode_five_requests(model, graphs, 6, 6);
     cuda::set_trigger_first(saved);
     return out;
   };
