@@ -90,25 +90,28 @@ inline void set_pdl(Pdl mode) { detail::pdl_setting().store(mode, std::memory_or
 // NIBBLE_TRIGGER_FIRST lists sites (comma-separated: norm, gemv, attention, combine; or all); none by
 // default.
 enum TriggerSite : unsigned { kTriggerNorm = 1, kTriggerGemv = 2, kTriggerAttention = 4, kTriggerCombine = 8 };
+// The mask of TriggerSite a NIBBLE_TRIGGER_FIRST value lists (empty: none); an unknown name is an error.
+inline unsigned parse_trigger_sites(std::string_view list) {
+  unsigned mask = 0;
+  std::size_t begin = 0;
+  while (begin < list.size()) {
+    const std::size_t end = std::min(list.find(',', begin), list.size());
+    const std::string_view name = list.substr(begin, end - begin);
+    if (name == "all") mask |= kTriggerNorm | kTriggerGemv | kTriggerAttention | kTriggerCombine;
+    else if (name == "norm") mask |= kTriggerNorm;
+    else if (name == "gemv") mask |= kTriggerGemv;
+    else if (name == "attention") mask |= kTriggerAttention;
+    else if (name == "combine") mask |= kTriggerCombine;
+    else if (!name.empty()) fail("NIBBLE_TRIGGER_FIRST lists norm, gemv, attention, combine or all, not ", name);
+    begin = end + 1;
+  }
+  return mask;
+}
 namespace detail {
 inline std::atomic<unsigned>& trigger_first_sites() {
   static std::atomic<unsigned> sites = [] {
     const char* v = std::getenv("NIBBLE_TRIGGER_FIRST");
-    const std::string list = v != nullptr ? v : "";
-    unsigned mask = 0;
-    std::size_t begin = 0;
-    while (begin < list.size()) {
-      const std::size_t end = std::min(list.find(',', begin), list.size());
-      const std::string_view name = std::string_view(list).substr(begin, end - begin);
-      if (name == "all") mask |= kTriggerNorm | kTriggerGemv | kTriggerAttention | kTriggerCombine;
-      else if (name == "norm") mask |= kTriggerNorm;
-      else if (name == "gemv") mask |= kTriggerGemv;
-      else if (name == "attention") mask |= kTriggerAttention;
-      else if (name == "combine") mask |= kTriggerCombine;
-      else if (!name.empty()) fail("NIBBLE_TRIGGER_FIRST lists norm, gemv, attention, combine or all, not ", name);
-      begin = end + 1;
-    }
-    return mask;
+    return parse_trigger_sites(v != nullptr ? v : "");
   }();
   return sites;
 }

@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "cuda/env_setting.h"
+#include "cuda/launch.h"
 
 namespace nibble {
 namespace {
@@ -45,6 +46,23 @@ TEST(EnvSetting, Switch) {
   setenv(kName, "yes", 1);
   EXPECT_THROW(cuda::env_switch(kName), Error);
   unsetenv(kName);
+}
+
+// NIBBLE_TRIGGER_FIRST's sites (launch.h): comma-separated names or all, empty names skipped, anything
+// else an error naming the choices.
+TEST(EnvSetting, TriggerFirstSites) {
+  EXPECT_EQ(cuda::parse_trigger_sites(""), 0u);
+  EXPECT_EQ(cuda::parse_trigger_sites("norm"), unsigned{cuda::kTriggerNorm});
+  EXPECT_EQ(cuda::parse_trigger_sites("gemv,attention"), unsigned{cuda::kTriggerGemv | cuda::kTriggerAttention});
+  EXPECT_EQ(cuda::parse_trigger_sites("combine,,norm,"), unsigned{cuda::kTriggerCombine | cuda::kTriggerNorm});
+  EXPECT_EQ(cuda::parse_trigger_sites("all"), unsigned{cuda::kTriggerNorm | cuda::kTriggerGemv |
+                                                        cuda::kTriggerAttention | cuda::kTriggerCombine});
+  try {
+    cuda::parse_trigger_sites("norm,rope");
+    ADD_FAILURE() << "rope was taken";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()), "NIBBLE_TRIGGER_FIRST lists norm, gemv, attention, combine or all, not rope");
+  }
 }
 
 }  // namespace
